@@ -1,0 +1,169 @@
+"""The gpunode command line. Thin: each verb maps to a playbook or a module of the package.
+
+Heavy modules (pydantic models, ansible-runner, the lab) are imported inside the commands so that
+``gpunode --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpunode.hostfile import HostFile
+
+EXIT_CODES_HELP = "Exit codes: 0 done, 1 a stage failed, 2 bad input, 3 host unreachable, 4 environment problem, 130 interrupted."
+
+app = typer.Typer(
+    help="Provision a Proxmox VE host with NVIDIA GPUs: LXC container, pinned SGLang image, P2P check, server.\n\n"
+    + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+lab_app = typer.Typer(help="The local lab: Docker, an LXC container with fake GPU device nodes, fakepve.",
+                      no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+HostFileArg = Annotated[Path, typer.Argument(help="the host file (YAML)", show_default=False)]
+
+
+def _err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _die(code: int, lines: list[str]) -> NoReturn:
+    console = _err()
+    for line in lines:
+        console.print(f"[red]error:[/red] {line}", markup=True)
+    raise typer.Exit(code)
+
+
+def _load(path: Path) -> HostFile:
+    from gpunode import hostfile
+
+    try:
+        return hostfile.load(path)
+    except hostfile.HostFileError as exc:
+        _die(2, exc.problems)
+
+
+@app.command()
+def validate(path: HostFileArg) -> None:
+    """Check a host file and print nothing but errors (exit 2) or 'valid'."""
+    hf = _load(path)
+    typer.echo(f"{path}: valid ({len(hf.hosts)} host{'s' if len(hf.hosts) != 1 else ''})")
+
+
+@app.command()
+def plan(
+    path: HostFileArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Show what provision would do, without contacting anything."""
+    from gpunode import plan as planning
+    from gpunode.render import print_plan
+
+    plans = planning.make_plan(_load(path))
+    if as_json:
+        typer.echo(planning.as_json(plans))
+    else:
+        from rich.console import Console
+
+        print_plan(plans, Console(highlight=False, soft_wrap=True))
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [item.strip() for value in values or [] for item in value.split(",") if item.strip()]
+
+
+@app.command()
+def provision(
+    path: HostFileArg,
+    check: Annotated[bool, typer.Option("--check", help="report what would change; change nothing")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="show file and config differences")] = False,
+    limit: Annotated[Optional[str], typer.Option("--limit", help="only these hosts (Ansible pattern)")] = None,
+    tags: Annotated[Optional[list[str]], typer.Option("--tags", help="only these stages (comma list)")] = None,
+    start: Annotated[Optional[str], typer.Option("--from", help="start at this stage, run the rest")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")] = False,
+    verbose: Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")] = 0,
+) -> None:
+    """Run the provision playbook: host, container, node, image, p2p, serve, smoke."""
+    from gpunode import stages as stage_list
+
+    hf = _load(path)
+    try:
+        chosen = stage_list.select(_split(tags), start)
+    except ValueError as exc:
+        _die(2, [str(exc)])
+    built = stage_list.built_stages()
+    missing = [name for name in chosen if name not in built]
+    if tags and missing:
+        _die(2, [f"stage {name!r} is not built in this version of gpunode (built: {', '.join(built)})" for name in missing])
+    chosen = [name for name in chosen if name in built]
+    if not chosen:
+        _die(2, [f"no built stage selected (built: {', '.join(built)})"])
+
+    from rich.console import Console
+
+    from gpunode.runner import print_recap
+    from gpunode.runner import provision as run_provision
+
+    console = _err()
+    summary = run_provision(hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console)
+    if as_json:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps(asdict(summary), indent=2))
+    else:
+        print_recap(summary, Console(highlight=False))
+    raise typer.Exit(summary.exit_code)
+
+
+@lab_app.command("up")
+def lab_up() -> None:
+    """Bring the lab up (idempotent; needs root)."""
+    from gpunode import lab
+
+    try:
+        info = lab.up(lambda line: _err().print(f"lab: {line}", markup=False))
+    except lab.LabError as exc:
+        _die(4, [str(exc)])
+    typer.echo(f"lab is up: {info}")
+
+
+@lab_app.command("down")
+def lab_down(
+    purge: Annotated[bool, typer.Option("--purge", help="also delete /var/lib/gpunode-lab")] = False,
+) -> None:
+    """Take the lab down: container, bridge rules, fakepve."""
+    from gpunode import lab
+
+    try:
+        lab.down(purge, lambda line: _err().print(f"lab: {line}", markup=False))
+    except lab.LabError as exc:
+        _die(4, [str(exc)])
+
+
+@lab_app.command("status")
+def lab_status() -> None:
+    """Print the lab's state as JSON."""
+    from gpunode import lab
+
+    typer.echo(json.dumps(lab.status(), indent=2, default=str))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(130) from None

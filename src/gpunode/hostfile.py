@@ -1,0 +1,522 @@
+"""The host file: one YAML document describing Proxmox hosts and their GPU containers.
+
+Validated with pydantic; every problem becomes one line naming the YAML path and line, e.g.
+``hosts[0].container.memory_gb: must be > 0 (line 14)``. Unknown keys are errors. Secrets are
+never inline: a secret field takes ``{env: NAME}``, ``{file: PATH}`` or ``{vault: PATH}``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gpunode import profiles
+from gpunode.yamlsource import SourceError, YamlSource, format_path, load_yaml
+
+HOSTNAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DRIVER_RE = r"^\d{3}\.\d{1,3}(\.\d{1,3})?$"
+SHA256_RE = r"^[0-9a-f]{64}$"
+FINGERPRINT_RE = r"^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$"
+PIN_RE = r"^\d+(\.\d+)*$"
+MIN_DRIVER_SM120 = 570
+
+
+class Strict(BaseModel):
+    """Base for every section: unknown keys are errors, values are immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretRef(Strict):
+    """Where a secret comes from. Exactly one of env, file, vault; never the value itself."""
+
+    env: Annotated[str, Field(pattern=ENV_NAME_RE)] | None = None
+    file: Path | None = None
+    vault: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_inline(cls, data: Any) -> Any:
+        # The message must not echo the value: it is a secret someone just typed in.
+        if not isinstance(data, dict):
+            raise ValueError("secrets are never inline: give {env: NAME}, {file: PATH} or {vault: PATH}")
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        given = [name for name in ("env", "file", "vault") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of env, file or vault")
+        return self
+
+    def describe(self) -> str:
+        if self.env:
+            return f"env:{self.env}"
+        if self.file:
+            return f"file:{self.file}"
+        return f"vault:{self.vault}"
+
+    def resolve(self) -> str:
+        """Read the secret's value (at run time only; plan never calls this)."""
+        if self.env is not None:
+            if self.env not in os.environ:
+                raise LookupError(f"environment variable {self.env} is not set")
+            return os.environ[self.env]
+        if self.file is not None:
+            return self.file.expanduser().read_text(encoding="utf-8").strip()
+        raise LookupError("vault secrets are decrypted by ansible-vault at run time")
+
+
+class Ssh(Strict):
+    address: str
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    user: str = "root"
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+
+
+class Tls(Strict):
+    verify: bool = True
+    ca_file: Path | None = None
+    fingerprint: Annotated[str, Field(pattern=FINGERPRINT_RE)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Tls:
+        if not self.verify and (self.ca_file or self.fingerprint):
+            raise ValueError("verify is false but ca_file/fingerprint is set: choose one")
+        return self
+
+
+class ApiAuth(Strict):
+    method: Literal["password", "token", "local"]
+    user: str = "root@pam"
+    password: SecretRef | None = None
+    token_id: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]*$")] | None = None
+    token_secret: SecretRef | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> ApiAuth:
+        if self.method == "password" and self.password is None:
+            raise ValueError("method password needs a password: {env: NAME}, {file: PATH} or {vault: PATH}")
+        if self.method == "token" and (self.token_id is None or self.token_secret is None):
+            raise ValueError("method token needs token_id and token_secret")
+        if self.method != "password" and self.password is not None:
+            raise ValueError(f"password is only used with method password, not {self.method}")
+        if "@" not in self.user:
+            raise ValueError(f"user {self.user!r} needs a realm, e.g. root@pam")
+        return self
+
+
+class ProxmoxApi(Strict):
+    url: Annotated[str, Field(pattern=r"^https://[^/\s]+(:\d+)?/?$")]
+    node: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")]
+    auth: ApiAuth
+    tls: Tls = Tls()
+    timeout_s: Annotated[int, Field(gt=0, le=3600)] = 300
+
+
+class Network(Strict):
+    bridge: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")] = "vmbr0"
+    ip: str = "dhcp"
+    gateway: str | None = None
+    vlan: Annotated[int, Field(ge=1, le=4094)] | None = None
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        if value == "dhcp":
+            return value
+        try:
+            iface = ipaddress.ip_interface(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not 'dhcp' or an address with prefix like 192.0.2.20/24") from None
+        if "/" not in value:
+            raise ValueError(f"{value!r} needs a prefix length, e.g. {value}/24")
+        return str(iface)
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an IP address") from None
+        return value
+
+    @model_validator(mode="after")
+    def _gateway_in_subnet(self) -> Network:
+        if self.ip == "dhcp":
+            if self.gateway is not None:
+                raise ValueError("gateway is set but ip is dhcp")
+            return self
+        if self.gateway and ipaddress.ip_address(self.gateway) not in ipaddress.ip_interface(self.ip).network:
+            raise ValueError(f"gateway {self.gateway} is outside {ipaddress.ip_interface(self.ip).network}")
+        return self
+
+    @property
+    def address(self) -> str | None:
+        return None if self.ip == "dhcp" else str(ipaddress.ip_interface(self.ip).ip)
+
+
+class Container(Strict):
+    vmid: Annotated[int, Field(ge=100, le=999_999_999)]
+    hostname: Annotated[str, Field(pattern=HOSTNAME_RE)]
+    template: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+:vztmpl/\S+\.tar\.(gz|xz|zst)$")]
+    storage: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")]
+    disk_gb: Annotated[int, Field(gt=0)]
+    cores: Annotated[int, Field(gt=0, le=8192)]
+    memory_gb: Annotated[int, Field(gt=0)]
+    swap_mb: Annotated[int, Field(ge=0)] = 0
+    unprivileged: bool = False
+    onboot: bool = True
+    network: Network = Network()
+    gpus: Literal["all"] | list[Annotated[int, Field(ge=0, le=255)]] = "all"
+    mig: bool = False
+    ssh: Ssh | None = None
+    ssh_public_keys: Path | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("select at least one GPU, or 'all'")
+            if len(set(value)) != len(value):
+                raise ValueError("lists a GPU twice")
+        return value
+
+    @property
+    def reach(self) -> Ssh:
+        """How Ansible reaches the inside of the container."""
+        if self.ssh is not None:
+            return self.ssh
+        assert self.network.address is not None  # enforced by Host._container_reachable
+        return Ssh(address=self.network.address)
+
+
+class Installer(Strict):
+    url: Annotated[str, Field(pattern=r"^https://\S+\.run$")] | None = None
+    sha256: Annotated[str, Field(pattern=SHA256_RE)] | None = None
+    local_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> Installer:
+        if self.url and self.local_file:
+            raise ValueError("give url or local_file, not both")
+        if self.url and not self.sha256:
+            raise ValueError("an installer url needs its sha256")
+        return self
+
+
+class Driver(Strict):
+    version: Annotated[str, Field(pattern=DRIVER_RE)]
+    open_module: bool = True
+    installer: Installer = Installer()
+
+    @field_validator("version")
+    @classmethod
+    def _recent(cls, value: str) -> str:
+        if int(value.split(".")[0]) < MIN_DRIVER_SM120:
+            raise ValueError(f"{value} is older than {MIN_DRIVER_SM120}: Blackwell (SM120) needs >= {MIN_DRIVER_SM120}")
+        return value
+
+    @field_validator("open_module")
+    @classmethod
+    def _open(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("Blackwell GPUs need NVIDIA's open kernel module: set true")
+        return value
+
+
+class Prepare(Strict):
+    """Changes the host stage may make on the Proxmox host."""
+
+    disable_hmm: bool = True
+    release_vfio: bool = True
+    persistenced: bool = True
+    allow_module_reload: bool = False
+    allow_reboot: bool = False
+
+
+class ImagePins(Strict):
+    cuda: Annotated[str, Field(pattern=PIN_RE)] = "12.8"
+    torch: Annotated[str, Field(pattern=PIN_RE)] = "2.9.1"
+    sglang: Annotated[str, Field(pattern=PIN_RE)] = "0.5.9"
+    flashinfer: Annotated[str, Field(pattern=PIN_RE)] = "0.6.3"
+    sgl_kernel: Annotated[str, Field(pattern=PIN_RE)] = "0.3.21"
+    transformers: Annotated[str, Field(pattern=PIN_RE)] = "5.2.0"
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda_sm120(cls, value: str) -> str:
+        if tuple(int(p) for p in value.split(".")[:2]) < (12, 8):
+            raise ValueError(f"CUDA {value} cannot build for SM120: needs >= 12.8")
+        return value
+
+    @field_validator("transformers")
+    @classmethod
+    def _glm5_config(cls, value: str) -> str:
+        if tuple(int(p) for p in value.split(".")[:2]) < (5, 2):
+            raise ValueError(f"transformers {value} cannot read GLM-5's config (glm_moe_dsa): needs >= 5.2")
+        return value
+
+
+class Image(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]+([._/-][a-z0-9]+)*$")] = "gpunode/sglang"
+    base: Literal["debootstrap", "debian:bookworm-slim", "ubuntu:24.04", "nvidia/cuda:12.8.1-base-ubuntu24.04"] = "debootstrap"
+    build_on: Literal["node", "local"] = "node"
+    ca_bundle: Path | None = None
+    pins: ImagePins = ImagePins()
+
+
+class Model(Strict):
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")]
+    path: Path
+    served_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"{value} must be an absolute path on the node")
+        return value
+
+
+FlagOverride = str | int | float | bool | None
+
+
+class Server(Strict):
+    profile: str = "glm5-nvfp4-sm120"
+    bind: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    api_key: SecretRef | None = None
+    flags: dict[str, FlagOverride] = {}
+    env: dict[str, str] = {}
+
+    @field_validator("profile")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in profiles.available():
+            raise ValueError(f"unknown profile {value!r} (known: {', '.join(profiles.available())})")
+        return value
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        return value
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, value: dict[str, FlagOverride]) -> dict[str, FlagOverride]:
+        for flag in value:
+            if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
+                raise ValueError(f"{flag!r} is not a long flag like --max-running-requests")
+            if flag in ("--api-key", "--host", "--port"):
+                raise ValueError(f"{flag} is set by server.{flag[2:].replace('-', '_').replace('host', 'bind')}, not server.flags")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(ENV_NAME_RE, name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _exposed_needs_key(self) -> Server:
+        if not ipaddress.ip_address(self.bind).is_loopback and self.api_key is None:
+            raise ValueError(f"bind {self.bind} is reachable from other machines: set api_key")
+        return self
+
+
+class P2pExpect(Strict):
+    """Minimum unidirectional P2P bandwidth per pair class, decimal GB/s."""
+
+    same_numa_gbps: Annotated[float, Field(gt=0)] = 45.0
+    cross_numa_gbps: Annotated[float, Field(gt=0)] = 35.0
+    nvlink_gbps: Annotated[float, Field(gt=0)] = 100.0
+    required: bool = True
+
+
+class Host(Strict):
+    name: Annotated[str, Field(pattern=HOSTNAME_RE)]
+    lab: bool = False
+    ssh: Ssh
+    api: ProxmoxApi
+    driver: Driver
+    prepare: Prepare = Prepare()
+    container: Container
+    image: Image = Image()
+    model: Model
+    server: Server = Server()
+    p2p: P2pExpect = P2pExpect()
+
+    @model_validator(mode="after")
+    def _container_reachable(self) -> Host:
+        if self.container.ssh is None and self.container.network.address is None:
+            raise ValueError("container.network.ip is dhcp: give container.ssh.address so the node can be reached")
+        return self
+
+    @model_validator(mode="after")
+    def _gpus_match_tp(self) -> Host:
+        profile = profiles.load(self.server.profile)
+        tp = self.server.flags.get("--tp-size", profile.flag_value("--tp-size"))
+        gpus = self.container.gpus
+        if isinstance(gpus, list) and isinstance(tp, int) and tp > len(gpus):
+            raise ValueError(f"server --tp-size {tp} needs {tp} GPUs but container.gpus selects {len(gpus)}")
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.model.served_name or profiles.load(self.server.profile).served_name
+
+
+class HostFile(Strict):
+    version: Literal[1]
+    hosts: Annotated[list[Host], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> HostFile:
+        seen: dict[str, int] = {}
+        for index, host in enumerate(self.hosts):
+            if host.name in seen:
+                raise ValueError(f"hosts[{index}].name {host.name!r} repeats hosts[{seen[host.name]}]")
+            seen[host.name] = index
+        return self
+
+
+class HostFileError(Exception):
+    """One or more problems with a host file; ``problems`` holds one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    if kind == "less_than":
+        return f"must be < {ctx['lt']}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be a whole number"
+    if kind in ("float_type", "float_parsing"):
+        return "must be a number"
+    if kind in ("bool_type", "bool_parsing"):
+        return "must be true or false"
+    if kind in ("string_type",):
+        return "must be a string"
+    if kind == "string_pattern_mismatch":
+        return f"has the wrong form (expected to match {ctx['pattern']})"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "must be a mapping (key: value)"
+    if kind == "list_type":
+        return "must be a list"
+    if kind == "too_short":
+        return f"needs at least {ctx.get('min_length')} item(s)"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return str(error["msg"]).lower()
+
+
+def _suggest(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The pydantic model that the mapping at ``path`` is validated against, for suggestions."""
+    model: Any = HostFile
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        for candidate in getattr(annotation, "__args__", ()) + (annotation,):
+            inner = getattr(candidate, "__args__", ())
+            for option in inner + (candidate,):
+                if isinstance(option, type) and issubclass(option, BaseModel):
+                    model = option
+                    break
+            else:
+                continue
+            break
+        else:
+            return None
+    return model if isinstance(model, type) else None
+
+
+def problems_from(exc: ValidationError, src: YamlSource) -> list[str]:
+    """Turn pydantic's errors into ``path: message (line N)`` lines, in file order."""
+    lines: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for error in exc.errors():
+        loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
+        # pydantic names union branches in loc (e.g. 'list[...]', 'literal[...]'); drop them.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("literal") or p.startswith("function"))))
+        text = _message(error)
+        if error["type"] == "extra_forbidden":
+            text = "unknown key" + _suggest(str(loc[-1]), _model_at(loc[:-1]))
+        line = src.line_of(loc)
+        entry = f"{format_path(loc)}: {text}" + (f" (line {line})" if line else "")
+        if entry not in seen:
+            seen.add(entry)
+            lines.append((line or 0, entry))
+    return [entry for _, entry in sorted(lines, key=lambda item: item[0])]
+
+
+def parse(src: YamlSource) -> HostFile:
+    if src.problems:
+        raise HostFileError([f"{format_path(path)}: {text} (line {line})" for path, text, line in src.problems])
+    if not isinstance(src.data, dict):
+        raise HostFileError(["(top level): must be a mapping with 'version' and 'hosts' (line 1)"])
+    try:
+        return HostFile.model_validate(src.data)
+    except ValidationError as exc:
+        raise HostFileError(problems_from(exc, src)) from None
+
+
+def load(path: Path) -> HostFile:
+    """Load and validate a host file; raise HostFileError listing every problem found."""
+    try:
+        src = load_yaml(path)
+    except SourceError as exc:
+        raise HostFileError([str(exc)]) from None
+    try:
+        return parse(src)
+    except HostFileError as exc:
+        raise HostFileError([f"{path}: {problem}" for problem in exc.problems]) from None

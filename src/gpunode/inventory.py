@@ -1,0 +1,102 @@
+"""Turn a validated host file into an Ansible inventory (references to secrets only, never values)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpunode.hostfile import Host, HostFile, Ssh
+from gpunode.plan import CONTROL_NODES, container_config, image_tag, server_launch
+
+
+def _ssh_vars(ssh: Ssh) -> dict[str, Any]:
+    hostvars: dict[str, Any] = {
+        "ansible_host": ssh.address,
+        "ansible_port": ssh.port,
+        "ansible_user": ssh.user,
+    }
+    if ssh.key_file is not None:
+        hostvars["ansible_ssh_private_key_file"] = str(ssh.key_file.expanduser())
+    if ssh.known_hosts is not None:
+        # Host keys are checked: a node answering with another key is not our node.
+        hostvars["ansible_ssh_common_args"] = (
+            f"-o UserKnownHostsFile={ssh.known_hosts.expanduser()} -o StrictHostKeyChecking=yes"
+        )
+    return hostvars
+
+
+def node_name(host: Host) -> str:
+    """Inventory name of a host's GPU container."""
+    return f"{host.name}-ct{host.container.vmid}"
+
+
+def _node_vars(host: Host) -> dict[str, Any]:
+    gpus = host.container.gpus
+    launch = server_launch(host)
+    return {
+        **_ssh_vars(host.container.reach),
+        "gpunode_pve_host": host.name,
+        "gpunode_lab": host.lab,
+        "gpunode_node_hostname": host.container.hostname,
+        "gpunode_node_gpus": gpus,
+        "gpunode_node_control_nodes": [path for path, when in CONTROL_NODES if when == "always"],
+        "gpunode_node_optional_nodes": [path for path, when in CONTROL_NODES if when != "always"],
+        "gpunode_driver_version": host.driver.version,
+        "gpunode_image_tag": image_tag(host.image),
+        "gpunode_image_pins": host.image.pins.model_dump(),
+        "gpunode_model_id": host.model.id,
+        "gpunode_model_path": str(host.model.path),
+        "gpunode_served_name": host.served_name,
+        "gpunode_server_bind": host.server.bind,
+        "gpunode_server_port": host.server.port,
+        "gpunode_server_argv": list(launch.argv),
+        "gpunode_server_env": launch.env,
+    }
+
+
+def _host_vars(host: Host) -> dict[str, Any]:
+    auth = host.api.auth
+    return {
+        **_ssh_vars(host.ssh),
+        "gpunode_lab": host.lab,
+        "gpunode_api_url": host.api.url,
+        "gpunode_api_node": host.api.node,
+        "gpunode_api_auth_method": auth.method,
+        "gpunode_api_user": auth.user,
+        "gpunode_api_token_id": auth.token_id,
+        "gpunode_api_tls_verify": host.api.tls.verify,
+        "gpunode_api_tls_ca_file": str(host.api.tls.ca_file) if host.api.tls.ca_file else None,
+        "gpunode_api_tls_fingerprint": host.api.tls.fingerprint,
+        "gpunode_api_timeout_s": host.api.timeout_s,
+        "gpunode_container": container_config(host.container),
+        "gpunode_container_gpus": host.container.gpus,
+        "gpunode_container_mig": host.container.mig,
+        "gpunode_driver_version": host.driver.version,
+        "gpunode_prepare": host.prepare.model_dump(),
+        "gpunode_node": node_name(host),
+    }
+
+
+def build(hostfile: HostFile) -> dict[str, Any]:
+    return {
+        "all": {
+            "children": {
+                "pve_hosts": {"hosts": {host.name: _host_vars(host) for host in hostfile.hosts}},
+                "gpu_nodes": {"hosts": {node_name(host): _node_vars(host) for host in hostfile.hosts}},
+            }
+        }
+    }
+
+
+def secret_env_names(hostfile: HostFile) -> set[str]:
+    """Environment variables the host file names as secrets (kept out of Ansible's environment)."""
+    names: set[str] = set()
+    for host in hostfile.hosts:
+        for ref in (host.api.auth.password, host.api.auth.token_secret, host.server.api_key):
+            if ref is not None and ref.env:
+                names.add(ref.env)
+    return names
+
+
+def known_hosts_files(hostfile: HostFile) -> list[Path]:
+    return [ssh.known_hosts for host in hostfile.hosts for ssh in (host.ssh, host.container.reach) if ssh.known_hosts]

@@ -1,0 +1,192 @@
+"""What ``gpunode provision`` would do, computed from the host file alone (nothing is contacted)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpunode import profiles
+from gpunode.hostfile import Container, Host, HostFile, Image
+from gpunode.paths import project_root
+from gpunode.stages import STAGES
+
+# Device nodes every GPU container needs besides one /dev/nvidiaN per GPU (FIELD-NOTES s2).
+CONTROL_NODES: tuple[tuple[str, str], ...] = (
+    ("/dev/nvidiactl", "always"),
+    ("/dev/nvidia-uvm", "always"),
+    ("/dev/nvidia-uvm-tools", "always"),
+    ("/dev/nvidia-modeset", "if present on the host"),
+)
+DEV_MODE = "0666"  # what the NVIDIA driver itself gives these nodes on the host
+
+
+@dataclass(frozen=True)
+class DevEntry:
+    key: str
+    path: str
+    when: str
+
+    @property
+    def value(self) -> str:
+        return f"{self.path},mode={DEV_MODE}"
+
+
+def dev_entries(container: Container) -> list[DevEntry]:
+    """The devN lines for a container, in the order the container stage writes them.
+
+    With ``gpus: all`` the GPU lines are found on the host at run time; the plan shows the rule.
+    """
+    paths: list[tuple[str, str]] = []
+    if container.gpus == "all":
+        paths.append(("/dev/nvidia<N>", "one per /dev/nvidiaN found on the host"))
+    else:
+        paths.extend((f"/dev/nvidia{minor}", "always") for minor in container.gpus)
+    paths.extend(CONTROL_NODES)
+    if container.mig:
+        paths.append(("/dev/nvidia-caps/<each>", "one per MIG capability node on the host"))
+    return [DevEntry(f"dev{index}", path, when) for index, (path, when) in enumerate(paths)]
+
+
+def net0(container: Container) -> str:
+    net = container.network
+    value = f"name=eth0,bridge={net.bridge},ip={net.ip}"
+    if net.gateway:
+        value += f",gw={net.gateway}"
+    if net.vlan:
+        value += f",tag={net.vlan}"
+    return value
+
+
+def container_config(container: Container) -> dict[str, Any]:
+    """The Proxmox config the container stage converges to (POST /nodes/{node}/lxc parameters)."""
+    config: dict[str, Any] = {
+        "vmid": container.vmid,
+        "hostname": container.hostname,
+        "ostemplate": container.template,
+        "rootfs": f"{container.storage}:{container.disk_gb}",
+        "cores": container.cores,
+        "memory": container.memory_gb * 1024,
+        "swap": container.swap_mb,
+        "net0": net0(container),
+        # nesting + keyctl: Docker runs inside the container (FIELD-NOTES s3).
+        "features": "nesting=1,keyctl=1",
+        "unprivileged": int(container.unprivileged),
+        "onboot": int(container.onboot),
+    }
+    for entry in dev_entries(container):
+        config[entry.key] = entry.value
+    return config
+
+
+def host_changes(host: Host) -> list[str]:
+    prep = host.prepare
+    changes = []
+    if prep.release_vfio:
+        changes.append("release GPUs bound to vfio-pci: drop their ids from /etc/modprobe.d and the kernel command line, rebuild the initramfs")
+    if prep.disable_hmm:
+        changes.append("options nvidia_uvm uvm_disable_hmm=1 in /etc/modprobe.d (avoids cuInit error 3)")
+    if prep.persistenced:
+        changes.append("nvidia-persistenced enabled and running")
+    changes.append("NVIDIA device nodes created at boot (nvidia-modprobe -u -c=0)")
+    changes.append(f"NVIDIA driver {host.driver.version} (open kernel module) installed if missing")
+    if prep.allow_module_reload:
+        changes.append("nvidia_uvm reloaded when its options change")
+    changes.append("reboot when needed" if prep.allow_reboot else "never reboots: reports 'reboot needed' instead")
+    return changes
+
+
+def image_tag(image: Image) -> str:
+    """A tag derived from the image's content: base, pins and everything under images/sglang/."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"base": image.base, "pins": image.pins.model_dump()}, sort_keys=True).encode())
+    folder = project_root() / "images" / "sglang"
+    if folder.is_dir():
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    pins = image.pins
+    return f"{image.name}:{pins.sglang}-cu{pins.cuda.replace('.', '')}-{digest.hexdigest()[:12]}"
+
+
+def server_launch(host: Host) -> profiles.Launch:
+    profile = profiles.load(host.server.profile)
+    values = {
+        "model_dir": "/model",
+        "served_name": host.served_name,
+        "bind": host.server.bind,
+        "port": str(host.server.port),
+    }
+    launch = profiles.resolve(profile, values, dict(host.server.flags), dict(host.server.env))
+    if host.server.api_key is not None:
+        # The key itself is read on the node at start; the plan never holds it.
+        launch = profiles.Launch(launch.argv + ("--api-key", "<from " + host.server.api_key.describe() + ">"),
+                                 launch.env, {**launch.reasons, "--api-key": "required when bound beyond loopback"})
+    return launch
+
+
+@dataclass
+class HostPlan:
+    name: str
+    lab: bool
+    notes: list[str]
+    warnings: list[str]
+    api: dict[str, Any]
+    node: dict[str, Any]
+    host_changes: list[str]
+    container: dict[str, Any]
+    dev_rules: list[dict[str, str]]
+    image: dict[str, Any]
+    server: dict[str, Any]
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_host(host: Host) -> HostPlan:
+    notes: list[str] = []
+    warnings: list[str] = []
+    if host.lab:
+        notes.append(
+            f"LAB: the Proxmox API at {host.api.url} is fakepve, a schema-validating fake of PVE 9; "
+            f"the node that later stages configure is the real lab LXC container at {host.container.reach.address}."
+        )
+    if host.api.auth.method == "token":
+        warnings.append(
+            "devN entries are root@pam only and an API token is refused even for root: the container stage "
+            "will stop before any write. Use auth.method password (root@pam ticket) or local (pvesh on the host)."
+        )
+    if not host.api.tls.verify:
+        warnings.append("TLS verification of the Proxmox API is OFF: anyone on the path can read the credentials")
+    launch = server_launch(host)
+    profile = profiles.load(host.server.profile)
+    gpus = host.container.gpus
+    if isinstance(gpus, list) and len(gpus) != profile.gpus:
+        warnings.append(f"profile {profile.name} is tuned for {profile.gpus} GPUs; container.gpus selects {len(gpus)}")
+    reach = host.container.reach
+    return HostPlan(
+        name=host.name,
+        lab=host.lab,
+        notes=notes,
+        warnings=warnings,
+        api={"url": host.api.url, "node": host.api.node, "auth": host.api.auth.method, "user": host.api.auth.user,
+             "tls": "verify" + (f" with CA {host.api.tls.ca_file}" if host.api.tls.ca_file else "")
+             + (f" pinned to {host.api.tls.fingerprint}" if host.api.tls.fingerprint else "")
+             if host.api.tls.verify else "NOT verified"},
+        node={"address": reach.address, "port": reach.port, "user": reach.user},
+        host_changes=host_changes(host),
+        container=container_config(host.container),
+        dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
+        image={"tag": image_tag(host.image), "base": host.image.base, "build_on": host.image.build_on,
+               "pins": host.image.pins.model_dump()},
+        server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
+                "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
+                "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
+        stages=[{"name": s.name, "built": s.built, "summary": s.summary, "checks": list(s.checks)} for s in STAGES],
+    )
+
+
+def make_plan(hostfile: HostFile) -> list[HostPlan]:
+    return [plan_host(host) for host in hostfile.hosts]
+
+
+def as_json(plans: list[HostPlan]) -> str:
+    return json.dumps({"hosts": [asdict(plan) for plan in plans]}, indent=2)

@@ -1,0 +1,132 @@
+"""Server profiles: a model's launch flags and environment as data, each with its reason.
+
+A profile is a YAML file under ``gpunode/profiles/``. Profiles for other models are new files,
+not new code. The host file may override any flag or variable (``server.flags``/``server.env``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+FlagValue = str | int | float | bool | None
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found or read."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    value: FlagValue
+    why: str
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    model_id: str
+    served_name: str
+    gpus: int
+    arch: str
+    module: str
+    flags: tuple[Flag, ...]
+    env: tuple[EnvVar, ...]
+
+    def flag_value(self, flag: str) -> FlagValue:
+        for item in self.flags:
+            if item.flag == flag:
+                return item.value
+        return None
+
+
+def available() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    folder = resources.files("gpunode") / "profiles"
+    return sorted(entry.name[:-4] for entry in folder.iterdir() if entry.name.endswith(".yml"))
+
+
+def load(name: str) -> Profile:
+    """Load a shipped profile by name."""
+    if name not in available():
+        raise ProfileError(f"unknown profile {name!r} (known: {', '.join(available())})")
+    text = (resources.files("gpunode") / "profiles" / f"{name}.yml").read_text(encoding="utf-8")
+    raw: dict[str, Any] = yaml.safe_load(text)
+    try:
+        return Profile(
+            name=raw["name"],
+            description=raw["description"],
+            model_id=raw["model"]["id"],
+            served_name=raw["model"]["served_name"],
+            gpus=int(raw["gpus"]),
+            arch=raw["arch"],
+            module=raw["module"],
+            flags=tuple(Flag(item["flag"], item.get("value"), item["why"]) for item in raw["flags"]),
+            env=tuple(EnvVar(item["name"], str(item["value"]), item["why"]) for item in raw["env"]),
+        )
+    except (KeyError, TypeError) as exc:
+        raise ProfileError(f"profile {name!r} is malformed: missing {exc}") from None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The resolved server launch: argv after the interpreter, and environment."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    reasons: dict[str, str]
+
+    def command_line(self, redact: frozenset[str] = frozenset({"--api-key"})) -> str:
+        """Shell-quoted command line, with the values of secret flags replaced by ***."""
+        out: list[str] = []
+        hide_next = False
+        for arg in self.argv:
+            out.append("***" if hide_next else shlex.quote(arg))
+            hide_next = arg in redact
+        return " ".join(out)
+
+
+def resolve(
+    profile: Profile,
+    values: dict[str, str],
+    flag_overrides: dict[str, FlagValue],
+    env_overrides: dict[str, str],
+) -> Launch:
+    """Apply host-file overrides to a profile and fill its ``{placeholders}``.
+
+    An override of ``false`` removes a switch or flag; ``true``/``null`` makes it a bare switch.
+    Flags the profile does not have are appended in the order given.
+    """
+    merged: dict[str, FlagValue] = {item.flag: item.value for item in profile.flags}
+    reasons = {item.flag: item.why for item in profile.flags}
+    for flag, value in flag_overrides.items():
+        merged[flag] = value
+        reasons[flag] = "set in the host file (server.flags)"
+    argv: list[str] = ["python3", "-m", profile.module]
+    for flag, value in merged.items():
+        if value is False:
+            continue
+        argv.append(flag)
+        if value is None or value is True:
+            continue
+        argv.append(str(value).format(**values) if isinstance(value, str) else str(value))
+    env = {item.name: item.value for item in profile.env}
+    for item in profile.env:
+        reasons[item.name] = item.why
+    for name, value in env_overrides.items():
+        env[name] = value
+        reasons[name] = "set in the host file (server.env)"
+    return Launch(argv=tuple(argv), env=env, reasons=reasons)

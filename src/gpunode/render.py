@@ -1,0 +1,51 @@
+"""Human-readable output of a plan."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from gpunode.plan import HostPlan
+
+
+def print_plan(plans: list[HostPlan], console: Console) -> None:
+    for plan in plans:
+        console.rule(f"host {plan.name}")
+        for note in plan.notes:
+            console.print(f"[cyan]note:[/cyan] {note}")
+        for warning in plan.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(f"Proxmox API: {plan.api['url']} node {plan.api['node']}, auth {plan.api['auth']} "
+                      f"as {plan.api['user']}, TLS {plan.api['tls']}")
+        console.print(f"GPU node (inside the container): {plan.node['user']}@{plan.node['address']}:{plan.node['port']}")
+
+        console.print("\n[bold]Host changes[/bold]")
+        for change in plan.host_changes:
+            console.print(f"  - {change}")
+
+        console.print(f"\n[bold]Container {plan.container['vmid']} (Proxmox config)[/bold]")
+        for key, value in plan.container.items():
+            console.print(f"  {key}: {value}")
+        conditional = [rule for rule in plan.dev_rules if rule["when"] != "always"]
+        for rule in conditional:
+            console.print(f"  [dim]{rule['key']} applies {rule['when']}[/dim]")
+
+        console.print("\n[bold]Image[/bold]")
+        console.print(f"  tag: {plan.image['tag']} (base {plan.image['base']}, built on {plan.image['build_on']})")
+        console.print("  pins: " + ", ".join(f"{k} {v}" for k, v in plan.image["pins"].items()))
+
+        server = plan.server
+        console.print(f"\n[bold]Server[/bold] profile {server['profile']}: {server['model']} from {server['model_path']} "
+                      f"as {server['served_name']} on {server['bind']}:{server['port']}")
+        console.print(f"  {server['command']}", soft_wrap=True)
+        for name, value in server["env"].items():
+            console.print(f"  {name}={value}  [dim]# {server['reasons'].get(name, '')}[/dim]")
+
+        table = Table(title="stages and checks", show_lines=False)
+        table.add_column("stage")
+        table.add_column("built")
+        table.add_column("does / checks")
+        for stage in plan.stages:
+            table.add_row(stage["name"], "yes" if stage["built"] else "not yet",
+                          stage["summary"] + "".join(f"\n  - {check}" for check in stage["checks"]))
+        console.print(table)

@@ -1,0 +1,261 @@
+"""Run playbooks/provision.yml through ansible-runner with live progress and a recap.
+
+Stats come from ansible-runner itself (``Runner.stats``) and are saved as JSON beside the run's
+artifacts, so idempotence ("a second run changes nothing") is read from numbers, not text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from gpunode import inventory
+from gpunode.hostfile import HostFile
+from gpunode.paths import project_root, state_dir
+
+# Exit codes (README "Exit codes").
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+EXIT_ENVIRONMENT = 4
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class Failure:
+    host: str
+    task: str
+    message: str
+
+
+@dataclass
+class RunSummary:
+    ident: str
+    status: str
+    rc: int
+    exit_code: int
+    stages: list[str]
+    check: bool
+    limit: str | None
+    stats: dict[str, dict[str, int]]
+    failures: list[Failure] = field(default_factory=list)
+    artifacts: str = ""
+    log: str = ""
+
+    def totals(self, host: str | None = None) -> dict[str, int]:
+        keys = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored")
+        return {key: sum(n for h, n in self.stats.get(key, {}).items() if host is None or h == host) for key in keys}
+
+    def hosts(self) -> list[str]:
+        return sorted({host for counts in self.stats.values() for host in counts})
+
+
+def _message(res: dict[str, Any]) -> str:
+    """The useful part of a failed task's result, on one line."""
+    parts = [str(res.get("msg", "")).strip()]
+    for key in ("stderr", "module_stderr", "stdout"):
+        text = str(res.get(key) or "").strip()
+        if text and text not in parts[0]:
+            parts.append(text.splitlines()[-1])
+            break
+    if not parts[0] and res.get("results"):
+        parts = [_message(item) for item in res["results"] if item.get("failed")][:1] or parts
+    return " | ".join(part for part in parts if part) or "failed (no message)"
+
+
+class Progress:
+    """Turns ansible-runner events into progress lines, live counts and a list of failures."""
+
+    def __init__(self, console: Console, log: TextIO) -> None:
+        self.console = console
+        self.log = log
+        self.counts = {"ok": 0, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 0}
+        self.failures: list[Failure] = []
+        self.play = ""
+        self.task = ""
+        self.status: Any = None
+
+    def _emit(self, text: str, style: str | None = None) -> None:
+        stamp = dt.datetime.now().strftime("%H:%M:%S")
+        self.log.write(f"{stamp} {text}\n")
+        self.log.flush()
+        self.console.print(f"[dim]{stamp}[/dim] {text}", style=style, highlight=False, markup=True)
+
+    def _live(self) -> None:
+        if self.status is not None:
+            c = self.counts
+            self.status.update(f"{self.play} | {self.task} | ok={c['ok']} changed={c['changed']} "
+                               f"failed={c['failed']} unreachable={c['unreachable']}")
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        host = data.get("host", "")
+        task = data.get("task", "")
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play", "")
+            self._emit(f"[bold]== {self.play} ==[/bold]")
+        elif kind == "playbook_on_task_start":
+            self.task = task
+        elif kind == "runner_on_ok":
+            changed = bool(data.get("res", {}).get("changed"))
+            self.counts["changed" if changed else "ok"] += 1
+            word = "[yellow]changed[/yellow]" if changed else "[green]ok     [/green]"
+            self._emit(f"  {word} {host}  {task}")
+        elif kind == "runner_on_skipped":
+            self.counts["skipped"] += 1
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            self.counts["failed"] += 1
+            message = _message(data.get("res", {}))
+            self.failures.append(Failure(host, task, message))
+            self._emit(f"  [red]FAILED [/red] {host}  {task}: {message}")
+        elif kind == "runner_on_unreachable":
+            self.counts["unreachable"] += 1
+            message = _message(data.get("res", {}))
+            self.failures.append(Failure(host, task or "connect", f"unreachable: {message}"))
+            self._emit(f"  [red]UNREACHABLE[/red] {host}: {message}")
+        self._live()
+        return True
+
+
+@contextlib.contextmanager
+def without_env(names: set[str]) -> Iterator[None]:
+    """Keep the host file's secret variables out of Ansible's environment.
+
+    ansible-runner writes the child's full environment into artifacts/<ident>/command; a secret
+    must never land there, so those variables are absent while the run lasts.
+    """
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _exit_code(status: str, progress: Progress) -> int:
+    if status == "canceled":
+        return EXIT_INTERRUPTED
+    if status == "successful":
+        return EXIT_OK
+    if progress.failures and all(f.message.startswith("unreachable:") for f in progress.failures):
+        return EXIT_UNREACHABLE
+    if progress.failures:
+        return EXIT_FAILED
+    return EXIT_ENVIRONMENT  # runner error or timeout: ansible itself did not run the play
+
+
+def provision(
+    hostfile: HostFile,
+    stages: list[str],
+    check: bool = False,
+    diff: bool = False,
+    limit: str | None = None,
+    verbosity: int = 0,
+    console: Console | None = None,
+) -> RunSummary:
+    """Run the selected stages of playbooks/provision.yml; return the recap from runner stats."""
+    import ansible_runner  # heavy: imported only when a run happens
+
+    console = console or Console(stderr=True)
+    root = project_root()
+    state = state_dir()
+    private = state / "runner"
+    (private / "inventory").mkdir(parents=True, exist_ok=True)
+    logs = state / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ident = dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    # Written fresh each run: the inventory holds names of secrets, never their values.
+    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile), indent=2))
+    log_path = logs / f"provision-{ident}.log"
+
+    cmdline = []
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    canceled = {"flag": False}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        canceled["flag"] = True
+
+    with log_path.open("w", encoding="utf-8") as log:
+        progress = Progress(console, log)
+        progress._emit(f"provision: stages {', '.join(stages)}" + (" (check mode)" if check else "")
+                       + (f", limit {limit}" if limit else ""))
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            with without_env(inventory.secret_env_names(hostfile)), \
+                    (console.status("starting") if console.is_terminal else contextlib.nullcontext()) as status:
+                progress.status = status
+                runner = ansible_runner.run(
+                    private_data_dir=str(private),
+                    project_dir=str(root / "playbooks"),
+                    playbook="provision.yml",
+                    inventory=str(private / "inventory" / "gpunode.json"),
+                    ident=ident,
+                    tags=",".join(stages),
+                    limit=limit,
+                    cmdline=" ".join(cmdline) or None,
+                    verbosity=verbosity or None,
+                    envvars={
+                        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+                        "ANSIBLE_ROLES_PATH": str(root / "roles"),
+                        "ANSIBLE_LIBRARY": str(root / "playbooks" / "library"),
+                        "ANSIBLE_FORCE_COLOR": "0",
+                    },
+                    suppress_env_files=True,
+                    quiet=True,
+                    event_handler=progress,
+                    cancel_callback=lambda: canceled["flag"],
+                    rotate_artifacts=20,
+                )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        status_text = "canceled" if canceled["flag"] else runner.status
+        summary = RunSummary(
+            ident=ident,
+            status=status_text,
+            rc=runner.rc if runner.rc is not None else -1,
+            exit_code=_exit_code(status_text, progress),
+            stages=stages,
+            check=check,
+            limit=limit,
+            stats=runner.stats or {},
+            failures=progress.failures,
+            artifacts=str(private / "artifacts" / ident),
+            log=str(log_path),
+        )
+        log.write(f"ansible output: {summary.artifacts}/stdout\n")
+    record = json.dumps(asdict(summary), indent=2)
+    (private / "artifacts" / ident / "summary.json").write_text(record)
+    (state / "last-run.json").write_text(record)
+    return summary
+
+
+def print_recap(summary: RunSummary, console: Console) -> None:
+    table = Table(title=f"recap ({summary.status}{', check mode' if summary.check else ''})")
+    for column in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for host in summary.hosts():
+        t = summary.totals(host)
+        table.add_row(host, str(t["ok"]), str(t["changed"]), str(t["failures"]), str(t["dark"]), str(t["skipped"]))
+    console.print(table)
+    for failure in summary.failures:
+        console.print(f"[red]failed:[/red] {failure.host} | {failure.task} | {failure.message}", highlight=False)
+    console.print(f"log: {summary.log}\nartifacts: {summary.artifacts}", highlight=False)
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

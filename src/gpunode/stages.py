@@ -1,0 +1,74 @@
+"""The provision stages, in order. Each is one play in playbooks/provision.yml, tagged by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpunode.paths import project_root
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    summary: str
+    checks: tuple[str, ...]
+
+    @property
+    def built(self) -> bool:
+        """A stage exists once its play file does; later issues add theirs."""
+        return (project_root() / "playbooks" / "stages" / f"{self.name}.yml").is_file()
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("host", "prepare the Proxmox host: open driver, HMM off, GPUs off vfio-pci, device nodes", (
+        "NVIDIA driver at the pinned version, open kernel module",
+        "nvidia_uvm uvm_disable_hmm = Y",
+        "no GPU bound to vfio-pci",
+        "nvidia-persistenced running",
+        "/dev/nvidia* and /dev/nvidia-uvm present",
+    )),
+    Stage("container", "create or converge the LXC container with the GPUs passed through (Proxmox API)", (
+        "container config equals the host file (every devN line)",
+        "container running",
+    )),
+    Stage("node", "set up the inside of the container", (
+        "reachable over SSH, Debian 12 with systemd",
+        "every selected /dev/nvidiaN, nvidiactl and nvidia-uvm present as char devices with the right major:minor",
+        "device nodes open without EPERM (the cgroup hand-off works)",
+    )),
+    Stage("image", "build the pinned CUDA + SGLang + FlashInfer image on the node", (
+        "image present with the content tag",
+        "pins, patches and sm_120 kernels verified inside the image",
+    )),
+    Stage("p2p", "GPU topology and peer-to-peer bandwidth", (
+        "P2P OK for every pair, bandwidth at or above the host file's expectations",
+    )),
+    Stage("serve", "start the SGLang server container", (
+        "server container running with the profile's command line",
+        "/health_generate returns 200",
+    )),
+    Stage("smoke", "prove the server answers correctly", (
+        "/v1/models lists the served name; known answer; reasoning on/off; tool call; short bench with 0 failures",
+    )),
+)
+
+STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
+
+
+def built_stages() -> list[str]:
+    return [stage.name for stage in STAGES if stage.built]
+
+
+def select(tags: list[str] | None, start: str | None) -> list[str]:
+    """Stage names to run for ``--tags`` and ``--from``; raises ValueError naming a bad one."""
+    for name in (tags or []) + ([start] if start else []):
+        if name not in STAGE_NAMES:
+            raise ValueError(f"unknown stage {name!r} (stages: {', '.join(STAGE_NAMES)})")
+    chosen = list(STAGE_NAMES)
+    if start:
+        chosen = chosen[chosen.index(start):]
+    if tags:
+        chosen = [name for name in chosen if name in tags]
+    if not chosen:
+        raise ValueError("--tags and --from select no stage together")
+    return chosen
