@@ -395,14 +395,20 @@ class HostFile(Strict):
     version: Literal[1]
     hosts: Annotated[list[Host], Field(min_length=1)]
 
-    @model_validator(mode="after")
-    def _unique(self) -> HostFile:
-        seen: dict[str, int] = {}
-        for index, host in enumerate(self.hosts):
-            if host.name in seen:
-                raise ValueError(f"hosts[{index}].name {host.name!r} repeats hosts[{seen[host.name]}]")
-            seen[host.name] = index
-        return self
+
+def _repeats(hf: HostFile, src: YamlSource) -> list[str]:
+    """Names and node addresses must be unique across hosts (checked here to name the exact path)."""
+    problems: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
+    for index, host in enumerate(hf.hosts):
+        for what, value, path in (
+            ("name", host.name, ("hosts", index, "name")),
+            ("node address", host.container.reach.address, ("hosts", index, "container")),
+        ):
+            first = seen.setdefault((what, value), index)
+            if first != index:
+                problems.append(f"{format_path(path)}: {what} {value!r} repeats hosts[{first}] (line {src.line_of(path)})")
+    return problems
 
 
 class HostFileError(Exception):
@@ -505,9 +511,13 @@ def parse(src: YamlSource) -> HostFile:
     if not isinstance(src.data, dict):
         raise HostFileError(["(top level): must be a mapping with 'version' and 'hosts' (line 1)"])
     try:
-        return HostFile.model_validate(src.data)
+        hf = HostFile.model_validate(src.data)
     except ValidationError as exc:
         raise HostFileError(problems_from(exc, src)) from None
+    problems = _repeats(hf, src)
+    if problems:
+        raise HostFileError(problems)
+    return hf
 
 
 def load(path: Path) -> HostFile:

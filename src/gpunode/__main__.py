@@ -1,0 +1,3 @@
+from gpunode.cli import main
+
+main()

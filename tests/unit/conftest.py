@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUNODE = [sys.executable, "-m", "gpunode"]
+
+
+@pytest.fixture
+def gpunode(tmp_path: Path):
+    """Run the real CLI in a subprocess with a private state dir; returns CompletedProcess."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        full_env = {**os.environ, "GPUNODE_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200", **(env or {})}
+        return subprocess.run([*GPUNODE, *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT)
+
+    return run
