@@ -137,7 +137,12 @@ def lab_up() -> None:
         info = lab.up(lambda line: _err().print(f"lab: {line}", markup=False))
     except lab.LabError as exc:
         _die(4, [str(exc)])
-    typer.echo(f"lab is up: {info}")
+    nodes = ", ".join(f"{name} {numbers}" for name, numbers in info.device_nodes.items())
+    typer.echo(f"lab is up ({'changed: ' + ', '.join(info.changed) if info.changed else 'no change'}, {info.seconds} s)\n"
+               f"  GPU node:  {info.container} at {info.ssh_user}@{info.container_ip} (ssh -i {info.ssh_key})\n"
+               f"  devices:   {nodes}\n"
+               f"  Proxmox:   fakepve at {info.pve_url} node {info.pve_node}, CA {info.pve_ca}\n"
+               f"  next:      gpunode provision inventory/lab/host.yml")
 
 
 @lab_app.command("down")

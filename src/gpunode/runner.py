@@ -151,7 +151,7 @@ def _exit_code(status: str, progress: Progress) -> int:
         return EXIT_OK
     if progress.failures and all(f.message.startswith("unreachable:") for f in progress.failures):
         return EXIT_UNREACHABLE
-    if progress.failures:
+    if any(f.task != "ansible-playbook" for f in progress.failures):
         return EXIT_FAILED
     return EXIT_ENVIRONMENT  # runner error or timeout: ansible itself did not run the play
 
@@ -210,6 +210,8 @@ def provision(
                     cmdline=" ".join(cmdline) or None,
                     verbosity=verbosity or None,
                     envvars={
+                        # ansible-playbook from the same environment as this gpunode.
+                        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
                         "ANSIBLE_ROLES_PATH": str(root / "roles"),
                         "ANSIBLE_LIBRARY": str(root / "playbooks" / "library"),
@@ -224,6 +226,11 @@ def provision(
         finally:
             signal.signal(signal.SIGINT, previous)
         status_text = "canceled" if canceled["flag"] else runner.status
+        if status_text != "successful" and not progress.failures and status_text != "canceled":
+            # Ansible did not get as far as a task: say what it printed instead.
+            tail = (private / "artifacts" / ident / "stdout").read_text(errors="replace").strip().splitlines()[-3:]
+            progress.failures.append(Failure("localhost", "ansible-playbook", " | ".join(tail) or status_text))
+            progress._emit(f"  [red]FAILED [/red] ansible-playbook: {progress.failures[-1].message}")
         summary = RunSummary(
             ident=ident,
             status=status_text,
@@ -256,6 +263,3 @@ def print_recap(summary: RunSummary, console: Console) -> None:
         console.print(f"[red]failed:[/red] {failure.host} | {failure.task} | {failure.message}", highlight=False)
     console.print(f"log: {summary.log}\nartifacts: {summary.artifacts}", highlight=False)
 
-
-def stderr_is_tty() -> bool:
-    return sys.stderr.isatty()
