@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gpunode import inventory
 from gpunode.hostfile import HostFile
@@ -64,14 +66,16 @@ class RunSummary:
 
 def _message(res: dict[str, Any]) -> str:
     """The useful part of a failed task's result, on one line."""
-    parts = [str(res.get("msg", "")).strip()]
+    failed_items = [item for item in res.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    if failed_items:
+        # A loop: "One or more items failed" says nothing; the items' own messages do.
+        return " | ".join(_message(item) for item in failed_items)
+    parts = [" ".join(str(res.get("msg", "")).split())]
     for key in ("stderr", "module_stderr", "stdout"):
         text = str(res.get(key) or "").strip()
         if text and text not in parts[0]:
             parts.append(text.splitlines()[-1])
             break
-    if not parts[0] and res.get("results"):
-        parts = [_message(item) for item in res["results"] if item.get("failed")][:1] or parts
     return " | ".join(part for part in parts if part) or "failed (no message)"
 
 
@@ -89,9 +93,9 @@ class Progress:
 
     def _emit(self, text: str, style: str | None = None) -> None:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
-        self.log.write(f"{stamp} {text}\n")
+        self.log.write(f"{stamp} {Text.from_markup(text).plain}\n")
         self.log.flush()
-        self.console.print(f"[dim]{stamp}[/dim] {text}", style=style, highlight=False, markup=True)
+        self.console.print(f"[dim]{stamp}[/dim] {text}", style=style, highlight=False, markup=True, soft_wrap=True)
 
     def _live(self) -> None:
         if self.status is not None:
@@ -102,10 +106,10 @@ class Progress:
     def __call__(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
-        host = data.get("host", "")
-        task = data.get("task", "")
+        host = escape(data.get("host", ""))
+        task = escape(data.get("task", ""))
         if kind == "playbook_on_play_start":
-            self.play = data.get("play", "")
+            self.play = escape(data.get("play", ""))
             self._emit(f"[bold]== {self.play} ==[/bold]")
         elif kind == "playbook_on_task_start":
             self.task = task
@@ -119,13 +123,13 @@ class Progress:
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.counts["failed"] += 1
             message = _message(data.get("res", {}))
-            self.failures.append(Failure(host, task, message))
-            self._emit(f"  [red]FAILED [/red] {host}  {task}: {message}")
+            self.failures.append(Failure(data.get("host", ""), data.get("task", ""), message))
+            self._emit(f"  [red]FAILED [/red] {host}  {task}: {escape(message)}")
         elif kind == "runner_on_unreachable":
             self.counts["unreachable"] += 1
             message = _message(data.get("res", {}))
-            self.failures.append(Failure(host, task or "connect", f"unreachable: {message}"))
-            self._emit(f"  [red]UNREACHABLE[/red] {host}: {message}")
+            self.failures.append(Failure(data.get("host", ""), data.get("task") or "connect", f"unreachable: {message}"))
+            self._emit(f"  [red]UNREACHABLE[/red] {host}: {escape(message)}")
         self._live()
         return True
 
@@ -230,7 +234,7 @@ def provision(
             # Ansible did not get as far as a task: say what it printed instead.
             tail = (private / "artifacts" / ident / "stdout").read_text(errors="replace").strip().splitlines()[-3:]
             progress.failures.append(Failure("localhost", "ansible-playbook", " | ".join(tail) or status_text))
-            progress._emit(f"  [red]FAILED [/red] ansible-playbook: {progress.failures[-1].message}")
+            progress._emit(f"  [red]FAILED [/red] ansible-playbook: {escape(progress.failures[-1].message)}")
         summary = RunSummary(
             ident=ident,
             status=status_text,
@@ -260,6 +264,6 @@ def print_recap(summary: RunSummary, console: Console) -> None:
         table.add_row(host, str(t["ok"]), str(t["changed"]), str(t["failures"]), str(t["dark"]), str(t["skipped"]))
     console.print(table)
     for failure in summary.failures:
-        console.print(f"[red]failed:[/red] {failure.host} | {failure.task} | {failure.message}", highlight=False)
+        console.print(f"[red]failed:[/red] {escape(failure.host)} | {escape(failure.task)} | {escape(failure.message)}", highlight=False, soft_wrap=True)
     console.print(f"log: {summary.log}\nartifacts: {summary.artifacts}", highlight=False)
 

@@ -36,17 +36,6 @@ def _rule_counts() -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(scope="module", autouse=True)
-def lab_status() -> dict[str, object]:
-    st = lab.status()
-    if not st.get("up"):
-        message = f"lab is not up: run `gpunode lab up` (needs root); status: {json.dumps(st)}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip("lab is not up: run `gpunode lab up` (needs root)")
-    return st
-
-
 def test_container_running() -> None:
     out = subprocess.run(["lxc-info", "-P", str(lab.LXC_PATH), "-n", lab.CONTAINER_NAME, "-sH"],
                          capture_output=True, text=True, check=True).stdout.strip()

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import gpunode.lab as lab
+
+
+@pytest.fixture(scope="session")
+def lab_status() -> dict[str, object]:
+    """The lab's status; skips (or, under CI=true, fails) when the lab is not up."""
+    st = lab.status()
+    if not st.get("up"):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"lab is not up under CI: .ci/run must run `gpunode lab up`; status: {json.dumps(st, default=str)}")
+        pytest.skip("lab is not up: run `gpunode lab up` (needs root)")
+    return st
+
+
+@pytest.fixture(autouse=True)
+def _needs_lab(lab_status: dict[str, object]) -> None:
+    """Every test under tests/lab needs the lab."""

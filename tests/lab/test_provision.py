@@ -1,0 +1,142 @@
+"""`gpunode provision` for real: ansible-runner against the lab's LXC container.
+
+Idempotence is read from ansible-runner's stats (the run's summary.json), never from text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpunode.lab as lab
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
+NODE = "pve-lab-ct200"
+
+
+def _ssh(*remote: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lab.ssh_command(*remote), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _summary(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert result.stdout.strip(), result.stderr
+    return json.loads(result.stdout)
+
+
+def _changed(summary: dict[str, Any]) -> int:
+    return sum(summary["stats"].get("changed", {}).values())
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = LAB_HOSTS.read_text()
+    assert old in text
+    path = tmp_path / "host.yml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_converge_then_second_run_changes_nothing(gpunode, tmp_path: Path) -> None:
+    # Make sure the first run has something to do, whatever state earlier runs left.
+    _ssh("rm", "-f", "/etc/gpunode/node.json")
+    first = gpunode("provision", str(LAB_HOSTS), "--json", timeout=600)
+    assert first.returncode == 0, first.stderr
+    one = _summary(first)
+    assert one["status"] == "successful" and one["exit_code"] == 0
+    assert one["stats"]["changed"].get(NODE, 0) >= 1
+    assert one["stats"]["ok"][NODE] >= 10 and not one["stats"].get("failures")
+    # Progress: the play, and each task with its host and result, were shown while running.
+    assert "== node: set up the inside of the GPU container ==" in first.stderr
+    assert f"changed {NODE}  Record what gpunode expects of this node" in first.stderr
+    assert f"ok      {NODE}  Assert every selected GPU node is present with its major:minor" in first.stderr
+
+    second = gpunode("provision", str(LAB_HOSTS), "--json", timeout=600)
+    assert second.returncode == 0, second.stderr
+    two = _summary(second)
+    assert _changed(two) == 0, two["stats"]
+    assert two["stats"]["ok"][NODE] == one["stats"]["ok"][NODE]
+
+    # The recap is kept beside the run's artifacts and as last-run.json, equal to runner's stats.
+    state = tmp_path / "state"
+    saved = json.loads((Path(two["artifacts"]) / "summary.json").read_text())
+    assert saved["stats"] == two["stats"] == json.loads((state / "last-run.json").read_text())["stats"]
+    assert Path(two["log"]).read_text().count("Assert the control nodes are present") == 1
+    assert (Path(two["artifacts"]) / "job_events").is_dir()
+
+    # What was recorded on the node is what the host file says.
+    recorded = json.loads(_ssh("cat", "/etc/gpunode/node.json").stdout)
+    assert recorded["gpus"] == [0, 1] and recorded["expected"]["served_name"] == "glm-5"
+
+
+def test_check_mode_reports_and_changes_nothing(gpunode) -> None:
+    _ssh("rm", "-f", "/etc/gpunode/node.json")
+    result = gpunode("provision", str(LAB_HOSTS), "--check", "--diff", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = _summary(result)
+    assert summary["check"] is True
+    assert summary["stats"]["changed"][NODE] == 1  # "would change": the missing file
+    assert _ssh("test", "-e", "/etc/gpunode/node.json").returncode == 1, "check mode wrote the file"
+    repaired = _summary(gpunode("provision", str(LAB_HOSTS), "--json", timeout=600))
+    assert repaired["stats"]["changed"][NODE] == 1
+    assert _ssh("test", "-e", "/etc/gpunode/node.json").returncode == 0
+
+
+def test_missing_gpu_fails_with_host_task_and_fix(gpunode, tmp_path: Path) -> None:
+    hosts = _variant(tmp_path, "gpus: [0, 1]", "gpus: [0, 1, 2]")
+    result = gpunode("provision", str(hosts), timeout=600)
+    assert result.returncode == 1, result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.startswith("failed:")]
+    assert len(failed) == 1
+    assert NODE in failed[0] and "Assert every selected GPU node is present" in failed[0]
+    assert "/dev/nvidia2 is missing" in failed[0] and "--from container" in failed[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_node_exit_3(gpunode, tmp_path: Path) -> None:
+    # sshd listens on 22 only: port 2 on the lab container refuses at once.
+    hosts = _variant(tmp_path, "        address: 10.0.3.10\n", "        address: 10.0.3.10\n        port: 2\n")
+    result = gpunode("provision", str(hosts), "--json", timeout=600)
+    assert result.returncode == 3, result.stderr
+    summary = _summary(result)
+    assert summary["stats"]["dark"][NODE] == 1
+    assert summary["failures"][0]["message"].startswith("unreachable:")
+
+
+def test_stage_selection(gpunode) -> None:
+    by_from = gpunode("provision", str(LAB_HOSTS), "--from", "node", "--json", timeout=600)
+    assert by_from.returncode == 0 and _summary(by_from)["stages"] == ["node"]
+    unknown = gpunode("provision", str(LAB_HOSTS), "--tags", "nodes")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "error: unknown stage 'nodes' (stages: host, container, node, image, p2p, serve, smoke)"
+    not_built = gpunode("provision", str(LAB_HOSTS), "--tags", "smoke")
+    assert not_built.returncode == 2 and "stage 'smoke' is not built" in not_built.stderr
+
+
+def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: Path) -> None:
+    secret = "gpunode-test-secret-6f1c2a"
+    hosts = _variant(tmp_path, "password: {file: /var/lib/gpunode-lab/pve/password}", "password: {env: GPUNODE_TEST_PVE_PASS}")
+    result = gpunode("provision", str(hosts), "--json", env={"GPUNODE_TEST_PVE_PASS": secret}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lab_password = lab.PVE_PASSWORD_FILE.read_text().strip()
+    assert secret not in result.stdout + result.stderr and lab_password not in result.stdout + result.stderr
+    files = [p for p in (tmp_path / "state").rglob("*") if p.is_file()]
+    assert any(p.name == "command" for p in files), "ansible-runner's command file (which holds the env) exists"
+    for path in files:
+        content = path.read_bytes()
+        assert secret.encode() not in content, path
+        assert lab_password.encode() not in content, path
+    assert os.environ.get("GPUNODE_TEST_PVE_PASS") is None
+
+
+def test_plan_says_lab_plainly(gpunode) -> None:
+    result = gpunode("plan", str(LAB_HOSTS), "--json")
+    assert result.returncode == 0
+    host = json.loads(result.stdout)["hosts"][0]
+    assert host["lab"] is True
+    assert "fakepve" in host["notes"][0] and "real lab LXC container at 10.0.3.10" in host["notes"][0]
+    assert host["container"]["dev0"] == "/dev/nvidia0,mode=0666" and host["container"]["dev1"] == "/dev/nvidia1,mode=0666"
