@@ -140,3 +140,12 @@ def test_plan_says_lab_plainly(gpunode) -> None:
     assert host["lab"] is True
     assert "fakepve" in host["notes"][0] and "real lab LXC container at 10.0.3.10" in host["notes"][0]
     assert host["container"]["dev0"] == "/dev/nvidia0,mode=0666" and host["container"]["dev1"] == "/dev/nvidia1,mode=0666"
+
+
+def test_limit_selects_hosts(gpunode) -> None:
+    only = gpunode("provision", str(LAB_HOSTS), "--limit", NODE, "--json", timeout=600)
+    assert only.returncode == 0 and _summary(only)["limit"] == NODE
+    assert set(_summary(only)["stats"]["ok"]) == {NODE}
+    none = gpunode("provision", str(LAB_HOSTS), "--limit", "no-such-host", "--json", timeout=600)
+    assert none.returncode == 4  # Ansible refused to start: nothing to target
+    assert "no hosts" in _summary(none)["failures"][0]["message"].lower()
