@@ -93,6 +93,12 @@ def provision(
     limit: Annotated[Optional[str], typer.Option("--limit", help="only these hosts (Ansible pattern)")] = None,
     tags: Annotated[Optional[list[str]], typer.Option("--tags", help="only these stages (comma list)")] = None,
     start: Annotated[Optional[str], typer.Option("--from", help="start at this stage, run the rest")] = None,
+    restart_container: Annotated[bool, typer.Option(
+        "--restart-container", help="restart a running container when device changes need it")] = False,
+    recreate_container: Annotated[bool, typer.Option(
+        "--recreate-container", help="re-create the container when a change needs it (DESTROYS its disk)")] = False,
+    vault_password_file: Annotated[Optional[Path], typer.Option(
+        "--vault-password-file", help="for {vault: PATH} secrets")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")] = False,
     verbose: Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")] = 0,
 ) -> None:
@@ -117,8 +123,17 @@ def provision(
     from gpunode.runner import print_recap
     from gpunode.runner import provision as run_provision
 
+    from gpunode.runner import SecretUnavailable, secret_files
+
     console = _err()
-    summary = run_provision(hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console)
+    try:
+        with secret_files(hf) as secrets:
+            summary = run_provision(
+                hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
+                extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
+                vault_password_file=vault_password_file)
+    except SecretUnavailable as exc:
+        _die(2, [f"{path}: {exc}"])
     if as_json:
         from dataclasses import asdict
 

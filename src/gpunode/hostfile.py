@@ -83,6 +83,7 @@ class SecretRef(Strict):
 
 class Ssh(Strict):
     address: str
+    connection: Literal["ssh", "local"] = "ssh"  # local: gpunode runs on that machine itself
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: str = "root"
     key_file: Path | None = None
@@ -362,6 +363,7 @@ class Host(Strict):
     name: Annotated[str, Field(pattern=HOSTNAME_RE)]
     lab: bool = False
     ssh: Ssh
+    dev_root: Path = Path("/dev")  # where the host's NVIDIA nodes are found (the lab keeps its own)
     api: ProxmoxApi
     driver: Driver
     prepare: Prepare = Prepare()

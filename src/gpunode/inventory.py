@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-from gpunode.hostfile import Host, HostFile, Ssh
+from gpunode.hostfile import Host, HostFile, SecretRef, Ssh
 from gpunode.plan import CONTROL_NODES, container_config, image_tag, server_launch
 
 
+# Secret files by (host name, field): paths only; the values stay in the files.
+SecretFiles = dict[tuple[str, str], Path]
+
+
 def _ssh_vars(ssh: Ssh) -> dict[str, Any]:
+    if ssh.connection == "local":
+        return {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     hostvars: dict[str, Any] = {
         "ansible_host": ssh.address,
         "ansible_port": ssh.port,
@@ -54,10 +61,26 @@ def _node_vars(host: Host) -> dict[str, Any]:
     }
 
 
-def _host_vars(host: Host) -> dict[str, Any]:
+def _secret_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field, ref in (("password", host.api.auth.password), ("token_secret", host.api.auth.token_secret)):
+        if ref is None:
+            continue
+        if ref.vault is not None:
+            out[f"gpunode_api_{field}_vault"] = str(ref.vault.expanduser())
+        else:
+            out[f"gpunode_api_{field}_file"] = str(secrets[(host.name, field)])
+    return out
+
+
+def _host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
     auth = host.api.auth
     return {
         **_ssh_vars(host.ssh),
+        **_secret_vars(host, secrets),
+        "gpunode_dev_root": str(host.dev_root),
+        "gpunode_container_ssh_public_keys": str(host.container.ssh_public_keys.expanduser())
+        if host.container.ssh_public_keys else None,
         "gpunode_lab": host.lab,
         "gpunode_api_url": host.api.url,
         "gpunode_api_node": host.api.node,
@@ -68,7 +91,7 @@ def _host_vars(host: Host) -> dict[str, Any]:
         "gpunode_api_tls_ca_file": str(host.api.tls.ca_file) if host.api.tls.ca_file else None,
         "gpunode_api_tls_fingerprint": host.api.tls.fingerprint,
         "gpunode_api_timeout_s": host.api.timeout_s,
-        "gpunode_container": container_config(host.container),
+        "gpunode_container": container_config(host.container, with_devices=False),
         "gpunode_container_gpus": host.container.gpus,
         "gpunode_container_mig": host.container.mig,
         "gpunode_driver_version": host.driver.version,
@@ -77,26 +100,31 @@ def _host_vars(host: Host) -> dict[str, Any]:
     }
 
 
-def build(hostfile: HostFile) -> dict[str, Any]:
+def build(hostfile: HostFile, secrets: SecretFiles | None = None) -> dict[str, Any]:
+    secrets = secrets or {}
     return {
         "all": {
+            # API modules run here, with gpunode's own interpreter (they import gpunode).
+            "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
             "children": {
-                "pve_hosts": {"hosts": {host.name: _host_vars(host) for host in hostfile.hosts}},
+                "pve_hosts": {"hosts": {host.name: _host_vars(host, secrets) for host in hostfile.hosts}},
                 "gpu_nodes": {"hosts": {node_name(host): _node_vars(host) for host in hostfile.hosts}},
             }
         }
     }
 
 
+def secret_refs(hostfile: HostFile) -> dict[tuple[str, str], SecretRef]:
+    """Every secret the host file names, by (host name, field)."""
+    refs: dict[tuple[str, str], SecretRef] = {}
+    for host in hostfile.hosts:
+        for field, ref in (("password", host.api.auth.password), ("token_secret", host.api.auth.token_secret),
+                           ("api_key", host.server.api_key)):
+            if ref is not None:
+                refs[(host.name, field)] = ref
+    return refs
+
+
 def secret_env_names(hostfile: HostFile) -> set[str]:
     """Environment variables the host file names as secrets (kept out of Ansible's environment)."""
-    names: set[str] = set()
-    for host in hostfile.hosts:
-        for ref in (host.api.auth.password, host.api.auth.token_secret, host.server.api_key):
-            if ref is not None and ref.env:
-                names.add(ref.env)
-    return names
-
-
-def known_hosts_files(hostfile: HostFile) -> list[Path]:
-    return [ssh.known_hosts for host in hostfile.hosts for ssh in (host.ssh, host.container.reach) if ssh.known_hosts]
+    return {ref.env for ref in secret_refs(hostfile).values() if ref.env}

@@ -59,8 +59,12 @@ def net0(container: Container) -> str:
     return value
 
 
-def container_config(container: Container) -> dict[str, Any]:
-    """The Proxmox config the container stage converges to (POST /nodes/{node}/lxc parameters)."""
+def container_config(container: Container, with_devices: bool = True) -> dict[str, Any]:
+    """The Proxmox config the container stage converges to (POST /nodes/{node}/lxc parameters).
+
+    Without devices, it is what the container stage is given: the devN lines come from the nodes
+    it finds on the host.
+    """
     config: dict[str, Any] = {
         "vmid": container.vmid,
         "hostname": container.hostname,
@@ -75,8 +79,9 @@ def container_config(container: Container) -> dict[str, Any]:
         "unprivileged": int(container.unprivileged),
         "onboot": int(container.onboot),
     }
-    for entry in dev_entries(container):
-        config[entry.key] = entry.value
+    if with_devices:
+        for entry in dev_entries(container):
+            config[entry.key] = entry.value
     return config
 
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import difflib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,9 +85,10 @@ def _message(res: dict[str, Any]) -> str:
 class Progress:
     """Turns ansible-runner events into progress lines, live counts and a list of failures."""
 
-    def __init__(self, console: Console, log: TextIO) -> None:
+    def __init__(self, console: Console, log: TextIO, show_diff: bool = False) -> None:
         self.console = console
         self.log = log
+        self.show_diff = show_diff
         self.counts = {"ok": 0, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 0}
         self.failures: list[Failure] = []
         self.play = ""
@@ -96,6 +100,18 @@ class Progress:
         self.log.write(f"{stamp} {Text.from_markup(text).plain}\n")
         self.log.flush()
         self.console.print(f"[dim]{stamp}[/dim] {text}", style=style, highlight=False, markup=True, soft_wrap=True)
+
+    def _diff(self, diff: Any) -> None:
+        for item in diff if isinstance(diff, list) else [diff] if diff else []:
+            before, after = item.get("before", ""), item.get("after", "")
+            if not (isinstance(before, str) and isinstance(after, str)):
+                continue
+            lines = difflib.unified_diff(before.splitlines(), after.splitlines(),
+                                         str(item.get("before_header", "before")),
+                                         str(item.get("after_header", "after")), lineterm="")
+            for line in lines:
+                style = "red" if line.startswith("-") else "green" if line.startswith("+") else "dim"
+                self._emit(f"          [{style}]{escape(line)}[/{style}]")
 
     def _live(self) -> None:
         if self.status is not None:
@@ -117,7 +133,15 @@ class Progress:
             changed = bool(data.get("res", {}).get("changed"))
             self.counts["changed" if changed else "ok"] += 1
             word = "[yellow]changed[/yellow]" if changed else "[green]ok     [/green]"
+            res = data.get("res", {})
             self._emit(f"  {word} {host}  {task}")
+            if changed and res.get("gpunode_summary"):
+                self._emit(f"          {escape(str(res['gpunode_summary']))}")
+            for warning in res.get("warnings") or []:
+                self._emit(f"  [magenta]warning[/magenta] {host}: {escape(' '.join(str(warning).split()))}")
+
+        elif kind == "runner_on_file_diff" and self.show_diff:
+            self._diff(data.get("diff"))
         elif kind == "runner_on_skipped":
             self.counts["skipped"] += 1
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
@@ -132,6 +156,40 @@ class Progress:
             self._emit(f"  [red]UNREACHABLE[/red] {host}: {escape(message)}")
         self._live()
         return True
+
+
+class SecretUnavailable(Exception):
+    """A secret the host file names cannot be read (bad input: exit 2)."""
+
+
+@contextlib.contextmanager
+def secret_files(hostfile: HostFile) -> Iterator[inventory.SecretFiles]:
+    """Files holding the run's secrets, for modules to read; removed when the run ends.
+
+    ``file:`` secrets are used where they are; ``env:`` secrets are copied into a private
+    directory (mode 0700, in RAM where /dev/shm exists), so no value is ever an Ansible variable,
+    an argument, or part of the environment that ansible-runner records.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="gpunode-secrets-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        paths: inventory.SecretFiles = {}
+        for (host, field), ref in inventory.secret_refs(hostfile).items():
+            where = f"hosts[{[h.name for h in hostfile.hosts].index(host)}] {field}"
+            if ref.file is not None:
+                path = ref.file.expanduser()
+                if not path.is_file():
+                    raise SecretUnavailable(f"{where}: secret file {path} does not exist")
+                paths[(host, field)] = path
+            elif ref.env is not None:
+                if ref.env not in os.environ:
+                    raise SecretUnavailable(f"{where}: environment variable {ref.env} is not set")
+                target = folder / f"{host}-{field}"
+                target.touch(mode=0o600)
+                target.write_text(os.environ[ref.env], encoding="utf-8")
+                paths[(host, field)] = target
+        yield paths
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -168,8 +226,15 @@ def provision(
     limit: str | None = None,
     verbosity: int = 0,
     console: Console | None = None,
+    secrets: inventory.SecretFiles | None = None,
+    extravars: dict[str, Any] | None = None,
+    vault_password_file: Path | None = None,
 ) -> RunSummary:
-    """Run the selected stages of playbooks/provision.yml; return the recap from runner stats."""
+    """Run the selected stages of playbooks/provision.yml; return the recap from runner stats.
+
+    ``secrets`` come from ``secret_files(hostfile)``, entered by the caller before anything is
+    written, so that a missing secret is bad input that changes nothing.
+    """
     import ansible_runner  # heavy: imported only when a run happens
 
     console = console or Console(stderr=True)
@@ -181,7 +246,7 @@ def provision(
     logs.mkdir(parents=True, exist_ok=True)
     ident = dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     # Written fresh each run: the inventory holds names of secrets, never their values.
-    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile), indent=2))
+    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
     log_path = logs / f"provision-{ident}.log"
 
     cmdline = []
@@ -189,13 +254,15 @@ def provision(
         cmdline.append("--check")
     if diff:
         cmdline.append("--diff")
+    if vault_password_file is not None:
+        cmdline += ["--vault-password-file", str(vault_password_file)]
     canceled = {"flag": False}
 
     def on_sigint(signum: int, frame: Any) -> None:
         canceled["flag"] = True
 
     with log_path.open("w", encoding="utf-8") as log:
-        progress = Progress(console, log)
+        progress = Progress(console, log, show_diff=diff)
         progress._emit(f"provision: stages {', '.join(stages)}" + (" (check mode)" if check else "")
                        + (f", limit {limit}" if limit else ""))
         previous = signal.signal(signal.SIGINT, on_sigint)
@@ -211,6 +278,7 @@ def provision(
                     ident=ident,
                     tags=",".join(stages),
                     limit=limit,
+                    extravars=extravars or {},
                     cmdline=" ".join(cmdline) or None,
                     verbosity=verbosity or None,
                     envvars={

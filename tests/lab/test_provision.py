@@ -88,7 +88,14 @@ def test_check_mode_reports_and_changes_nothing(gpunode) -> None:
 
 def test_missing_gpu_fails_with_host_task_and_fix(gpunode, tmp_path: Path) -> None:
     hosts = _variant(tmp_path, "gpus: [0, 1]", "gpus: [0, 1, 2]")
+    # The container stage finds it first, on the host, before anything is written.
     result = gpunode("provision", str(hosts), timeout=600)
+    assert result.returncode == 1, result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.startswith("failed:")]
+    assert failed == ["failed: pve-lab | Converge the GPU container through the Proxmox API | GPU device nodes: "
+                      "selected GPU node(s) /dev/nvidia2 not on the host (it has: /dev/nvidia0, /dev/nvidia1)"]
+    # Inside the container, the node stage checks the hand-off itself.
+    result = gpunode("provision", str(hosts), "--tags", "node", timeout=600)
     assert result.returncode == 1, result.stderr
     failed = [line for line in result.stdout.splitlines() if line.startswith("failed:")]
     assert len(failed) == 1
@@ -118,19 +125,31 @@ def test_stage_selection(gpunode) -> None:
 
 
 def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: Path) -> None:
-    secret = "gpunode-test-secret-6f1c2a"
-    hosts = _variant(tmp_path, "password: {file: /var/lib/gpunode-lab/pve/password}", "password: {env: GPUNODE_TEST_PVE_PASS}")
-    result = gpunode("provision", str(hosts), "--json", env={"GPUNODE_TEST_PVE_PASS": secret}, timeout=600)
-    assert result.returncode == 0, result.stderr
+    # The real API password, given through the environment: it is used (the login works) and
+    # appears nowhere: not in output, the log, the inventory, runner's artifacts or its env dump.
     lab_password = lab.PVE_PASSWORD_FILE.read_text().strip()
-    assert secret not in result.stdout + result.stderr and lab_password not in result.stdout + result.stderr
+    hosts = _variant(tmp_path, "password: {file: /var/lib/gpunode-lab/pve/password}", "password: {env: GPUNODE_TEST_PVE_PASS}")
+    result = gpunode("provision", str(hosts), "--json", "--diff", "-vvv", env={"GPUNODE_TEST_PVE_PASS": lab_password},
+                     timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = _summary(result)
+    assert summary["stats"]["ok"]["pve-lab"] >= 3, "the container stage logged in and ran"
+    assert lab_password not in result.stdout + result.stderr
     files = [p for p in (tmp_path / "state").rglob("*") if p.is_file()]
     assert any(p.name == "command" for p in files), "ansible-runner's command file (which holds the env) exists"
+    assert any(p.name == "gpunode.json" for p in files), "the inventory is among the files checked"
     for path in files:
-        content = path.read_bytes()
-        assert secret.encode() not in content, path
-        assert lab_password.encode() not in content, path
-    assert os.environ.get("GPUNODE_TEST_PVE_PASS") is None
+        assert lab_password.encode() not in path.read_bytes(), path
+    # The temporary secret files are gone once the run ends.
+    assert not list(Path("/dev/shm").glob("gpunode-secrets-*"))
+
+
+def test_missing_env_secret_is_bad_input(gpunode, tmp_path: Path) -> None:
+    hosts = _variant(tmp_path, "password: {file: /var/lib/gpunode-lab/pve/password}", "password: {env: GPUNODE_UNSET_X}")
+    result = gpunode("provision", str(hosts))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {hosts}: hosts[0] password: environment variable GPUNODE_UNSET_X is not set"
+    assert not (tmp_path / "state").exists()
 
 
 def test_plan_says_lab_plainly(gpunode) -> None:

@@ -267,3 +267,11 @@ def test_device_entries_follow_the_host() -> None:
     mig = lxc.device_entries(GPUS + CONTROL + ["/dev/nvidia-caps/nvidia-cap2", "/dev/nvidia-caps/nvidia-cap1"],
                              "all", True, CONTROL, [])
     assert list(mig.values())[-2:] == ["/dev/nvidia-caps/nvidia-cap1,mode=0666", "/dev/nvidia-caps/nvidia-cap2,mode=0666"]
+
+
+@pytest.mark.fakepve(time_scale=1)
+def test_task_wait_has_a_timeout(fakepve: Any, fakepve_cafile: str) -> None:
+    fakepve.ct_secs["create"] = 30
+    slow = Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, task_timeout_s=0.5)
+    with pytest.raises(PveError, match=r"did not finish within 0\.5 s; it may still be running"):
+        lxc.ensure(PveClient(slow), NODE, desired())

@@ -221,14 +221,15 @@ class PveClient:
         parts = upid.split(":")
         node = parts[1] if len(parts) > 2 and parts[0] == "UPID" else self.conn.node
         kind = parts[5] if len(parts) > 6 else "task"
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.conn.task_timeout_s)
+        limit = timeout_s if timeout_s is not None else self.conn.task_timeout_s
+        deadline = time.monotonic() + limit
         quoted = urllib.parse.quote(upid, safe="")
         while True:
             status = self.get(f"nodes/{node}/tasks/{quoted}/status")
             if status.get("status") == "stopped":
                 break
             if time.monotonic() > deadline:
-                raise PveError(f"task {upid} did not finish within {timeout_s or self.conn.task_timeout_s:.0f} s; "
+                raise PveError(f"task {upid} did not finish within {limit:g} s; "
                                f"it may still be running: see the task log on node {node}", retryable=False)
             self.sleep(poll_s)
         exitstatus = str(status.get("exitstatus", ""))

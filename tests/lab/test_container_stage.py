@@ -1,0 +1,128 @@
+"""The container stage for real: Ansible, the project's module, and the lab's fakepve process.
+
+Request counts come from the module's own return (every request the client sent), read from
+ansible-runner's job events; changed counts from runner stats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpunode.lab as lab
+from gpunode.pve.client import Connection, PveClient
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
+HOST = "pve-lab"
+CONVERGE = "Converge the GPU container through the Proxmox API"
+
+
+def api() -> PveClient:
+    return PveClient(Connection(url=lab.PVE_URL, node=lab.PVE_NODE, password=lab.PVE_PASSWORD_FILE.read_text().strip(),
+                                ca_file=str(lab.PVE_CA)))
+
+
+def module_result(summary: dict[str, Any]) -> dict[str, Any]:
+    """The converge task's result, from ansible-runner's job events."""
+    for path in sorted((Path(summary["artifacts"]) / "job_events").glob("*.json")):
+        event = json.loads(path.read_text())
+        data = event.get("event_data", {})
+        if event["event"] in ("runner_on_ok", "runner_on_failed") and data.get("task") == CONVERGE:
+            return data["res"]
+    raise AssertionError("the converge task did not run")
+
+
+def run(gpunode, *args: str, hosts: Path = LAB_HOSTS) -> tuple[int, dict[str, Any], str]:
+    result = gpunode("provision", str(hosts), "--tags", "container", "--json", *args, timeout=600)
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = LAB_HOSTS.read_text()
+    assert old in text
+    path = tmp_path / "host.yml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.fixture
+def fresh_container() -> None:
+    """Start from no container 200 in the lab's fakepve."""
+    client = api()
+    if any(int(ct["vmid"]) == 200 for ct in client.get("nodes/pve1/lxc")):
+        client.call("POST", "nodes/pve1/lxc/200/status/stop")
+        client.call("DELETE", "nodes/pve1/lxc/200", purge=1, force=1)
+
+
+def test_create_then_zero_writes(gpunode, fresh_container: None) -> None:
+    rc, first, _ = run(gpunode)
+    assert rc == 0
+    assert first["stats"]["changed"][HOST] == 1
+    created = module_result(first)
+    assert created["created"] and created["started"]
+    config = api().get("nodes/pve1/lxc/200/config")
+    assert config["dev0"] == "/dev/nvidia0,mode=0666" and config["dev1"] == "/dev/nvidia1,mode=0666"
+    assert config["dev5"] == "/dev/nvidia-modeset,mode=0666"  # present on the lab host, so passed in
+    assert api().get("nodes/pve1/lxc/200/status/current")["status"] == "running"
+
+    rc, second, _ = run(gpunode)
+    assert rc == 0 and not second["stats"].get("changed")
+    again = module_result(second)
+    assert again["writes"] == 0 and set(again["requests"]) <= {"GET", "POST"} and again["requests"]["POST"] == 1
+
+
+def test_check_mode_and_drift(gpunode, fresh_container: None) -> None:
+    rc, check, _ = run(gpunode, "--check")
+    assert rc == 0 and check["stats"]["changed"][HOST] == 1
+    assert module_result(check)["writes"] == 0
+    assert not any(int(ct["vmid"]) == 200 for ct in api().get("nodes/pve1/lxc")), "check mode created it"
+    assert run(gpunode)[0] == 0
+    api().call("PUT", "nodes/pve1/lxc/200/config", memory=512, cores=1)
+    rc, drift, stderr = run(gpunode, "--check", "--diff")
+    assert rc == 0 and {c["key"] for c in module_result(drift)["changes"]} == {"memory", "cores"}
+    assert "-memory: 512" in stderr and "+memory: 2048" in stderr
+    assert api().get("nodes/pve1/lxc/200/config")["memory"] == 512
+    rc, fixed, _ = run(gpunode)
+    assert rc == 0 and fixed["stats"]["changed"][HOST] == 1
+    assert api().get("nodes/pve1/lxc/200/config")["memory"] == 2048
+
+
+def test_removed_device_needs_restart_and_says_so(gpunode) -> None:
+    assert run(gpunode)[0] == 0
+    api().call("PUT", "nodes/pve1/lxc/200/config", dev6="/dev/nvidia9,mode=0666")
+    rc, result, stderr = run(gpunode)
+    assert rc == 0
+    res = module_result(result)
+    assert res["restart_needed"] and res["pending"] == ["dev6"]
+    assert "must restart to apply dev6" in stderr and "--restart-container" in stderr
+    rc, restarted, _ = run(gpunode, "--restart-container")
+    assert rc == 0 and module_result(restarted)["restarted"]
+    assert "dev6" not in api().get("nodes/pve1/lxc/200/config")
+
+
+def test_token_fails_before_any_write(gpunode, tmp_path: Path) -> None:
+    hosts = variant(tmp_path, "method: password\n        user: root@pam\n        password: {file: /var/lib/gpunode-lab/pve/password}",
+                    "method: token\n        user: root@pam\n        token_id: gpunode\n        token_secret: {file: /var/lib/gpunode-lab/pve/password}")
+    rc, summary, stderr = run(gpunode, hosts=hosts)
+    assert rc == 1
+    failure = summary["failures"][0]
+    assert failure["host"] == HOST and "root@pam only" in failure["message"]
+    assert "password" in failure["message"] and "local" in failure["message"] and "Nothing was changed" in failure["message"]
+
+
+def test_tls_refused_unless_ca_or_pin(gpunode, tmp_path: Path) -> None:
+    no_ca = variant(tmp_path, "      tls:\n        ca_file: /var/lib/gpunode-lab/pve/ca.pem\n", "")
+    rc, summary, _ = run(gpunode, hosts=no_ca)
+    assert rc == 1 and "TLS verification failed" in summary["failures"][0]["message"]
+    der = ssl.PEM_cert_to_DER_cert(lab.PVE_CA.read_text())
+    digest = hashlib.sha256(der).hexdigest().upper()
+    pin = ":".join(digest[i:i + 2] for i in range(0, 64, 2))
+    pinned = variant(tmp_path, "ca_file: /var/lib/gpunode-lab/pve/ca.pem", f'fingerprint: "{pin}"')
+    rc, summary, _ = run(gpunode, hosts=pinned)
+    assert rc == 0, summary["failures"]
