@@ -7,12 +7,8 @@ where the hand-off is verified (inside the container).
 
 from __future__ import annotations
 
-import errno
-import os
-import re
-import stat
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_nodes import scan
 
 DOCUMENTATION = r"""
 module: nvidia_device_facts
@@ -42,78 +38,6 @@ proc_devices:
   description: Char device majors by driver name from /proc/devices (nvidia, nvidia-uvm, ...).
   type: dict
 """
-
-GPU_NODE = re.compile(r"^nvidia(\d+)$")
-NAMED = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-
-
-def proc_devices(path: str = "/proc/devices") -> dict[str, int]:
-    """Char majors by name; nvidia-uvm's major is dynamic and only readable here."""
-    majors: dict[str, int] = {}
-    try:
-        with open(path, encoding="ascii") as handle:
-            section = ""
-            for line in handle:
-                line = line.strip()
-                if line.endswith(":"):
-                    section = line
-                    continue
-                parts = line.split()
-                if section.startswith("Character") and len(parts) == 2 and parts[1].startswith("nvidia"):
-                    majors[parts[1]] = int(parts[0])
-    except OSError:
-        pass
-    return majors
-
-
-def describe(path: str, try_open: bool) -> dict[str, object] | None:
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return None
-    entry: dict[str, object] = {
-        "char": stat.S_ISCHR(info.st_mode),
-        "major": os.major(info.st_rdev),
-        "minor": os.minor(info.st_rdev),
-        "mode": oct(stat.S_IMODE(info.st_mode)),
-        "open_error": None,
-    }
-    if try_open and entry["char"]:
-        try:
-            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
-        except OSError as exc:
-            entry["open_error"] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return entry
-
-
-def scan(dev_root: str, try_open: bool) -> dict[str, object]:
-    devices: dict[str, dict[str, object]] = {}
-    gpus: list[tuple[int, str]] = []
-    caps: list[str] = []
-    names = sorted(os.listdir(dev_root)) if os.path.isdir(dev_root) else []
-    for name in names:
-        match = GPU_NODE.match(name)
-        if not (match or name in NAMED):
-            continue
-        entry = describe(os.path.join(dev_root, name), try_open)
-        if entry is None:
-            continue
-        devices[f"/dev/{name}"] = entry
-        if match:
-            gpus.append((int(match.group(1)), f"/dev/{name}"))
-    caps_dir = os.path.join(dev_root, "nvidia-caps")
-    if os.path.isdir(caps_dir):
-        for name in sorted(os.listdir(caps_dir)):
-            entry = describe(os.path.join(caps_dir, name), try_open)
-            if entry is not None:
-                devices[f"/dev/nvidia-caps/{name}"] = entry
-                caps.append(f"/dev/nvidia-caps/{name}")
-    return {
-        "devices": devices,
-        "gpus": [path for _, path in sorted(gpus)],
-        "caps": caps,
-        "proc_devices": proc_devices(),
-    }
 
 
 def main() -> None:

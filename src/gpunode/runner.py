@@ -287,6 +287,7 @@ def provision(
                         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
                         "ANSIBLE_ROLES_PATH": str(root / "roles"),
                         "ANSIBLE_LIBRARY": str(root / "playbooks" / "library"),
+                        "ANSIBLE_MODULE_UTILS": str(root / "playbooks" / "module_utils"),
                         "ANSIBLE_FORCE_COLOR": "0",
                     },
                     suppress_env_files=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("nvidia_device_facts", ROOT / "playbooks" / "library" / "nvidia_device_facts.py")
+spec = importlib.util.spec_from_file_location("nvidia_nodes", ROOT / "playbooks" / "module_utils" / "nvidia_nodes.py")
 assert spec and spec.loader
 facts = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(facts)
