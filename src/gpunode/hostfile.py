@@ -363,7 +363,8 @@ class Host(Strict):
     name: Annotated[str, Field(pattern=HOSTNAME_RE)]
     lab: bool = False
     ssh: Ssh
-    dev_root: Path = Path("/dev")  # where the host's NVIDIA nodes are found (the lab keeps its own)
+    dev_root: Path = Path("/dev")  # where the host's NVIDIA nodes are found
+    facts_root: Path = Path("/")  # prefix for /proc, /sys, /etc reads (the lab replays recorded readings)
     api: ProxmoxApi
     driver: Driver
     prepare: Prepare = Prepare()

@@ -79,6 +79,8 @@ def _host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
         **_ssh_vars(host.ssh),
         **_secret_vars(host, secrets),
         "gpunode_dev_root": str(host.dev_root),
+        "gpunode_facts_root": str(host.facts_root),
+        "gpunode_driver_installer": host.driver.installer.model_dump(mode="json"),
         "gpunode_container_ssh_public_keys": str(host.container.ssh_public_keys.expanduser())
         if host.container.ssh_public_keys else None,
         "gpunode_lab": host.lab,

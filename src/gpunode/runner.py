@@ -135,8 +135,10 @@ class Progress:
             word = "[yellow]changed[/yellow]" if changed else "[green]ok     [/green]"
             res = data.get("res", {})
             self._emit(f"  {word} {host}  {task}")
-            if changed and res.get("gpunode_summary"):
-                self._emit(f"          {escape(str(res['gpunode_summary']))}")
+            # Our modules' summaries (findings, actions) and debug messages are part of the progress.
+            for line in str(res.get("gpunode_summary") or res.get("msg") if data.get("task_action", "").endswith("debug")
+                            or res.get("gpunode_summary") else "").splitlines():
+                self._emit(f"          {escape(line)}")
             for warning in res.get("warnings") or []:
                 self._emit(f"  [magenta]warning[/magenta] {host}: {escape(' '.join(str(warning).split()))}")
 

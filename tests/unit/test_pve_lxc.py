@@ -200,7 +200,7 @@ def test_5xx_on_a_write_rereads_before_retrying(fakepve: Any, conn: Connection) 
 
 def test_slow_and_flaky_network(fakepve: Any, conn: Connection) -> None:
     fakepve.slow_network(0.05)
-    fakepve.flaky_network(drop_rate=0.2, seed=7)
+    fakepve.flaky_network(drop_rate=0.1, seed=7)
     result = lxc.ensure(client(conn), NODE, desired())
     assert fakepve.ct(200).status == "running" and result.created
 

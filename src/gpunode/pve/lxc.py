@@ -192,7 +192,7 @@ def ensure(
     check_mode: bool = False,
     allow_restart: bool = False,
     allow_recreate: bool = False,
-    attempts: int = 3,
+    attempts: int = 5,
 ) -> Result:
     """Converge container ``desired['vmid']`` to ``desired`` and leave it running.
 

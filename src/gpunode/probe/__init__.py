@@ -1,0 +1,1 @@
+"""Stand-alone probes (stdlib only) copied into containers and run there."""
