@@ -8,7 +8,11 @@
   behind them, so opening one gives ENXIO: proof that the node was handed through);
 * a privileged Debian bookworm LXC container ``gpunode-lab`` (10.0.3.10) with systemd, sshd and
   those nodes passed in the way Proxmox's ``devN`` does (cgroup allow rule plus bind mount);
-* fakepve, a fake Proxmox VE API, on https://127.0.0.2:8006 with its own CA.
+* fakepve, a fake Proxmox VE API, on https://127.0.0.2:8006 with its own CA;
+* a second such container, ``gpunode-lab-host`` (10.0.3.11), standing in for the Proxmox host
+  itself: same device nodes in its /dev, initramfs-tools and kmod installed, and the files
+  recorded on a real H200 machine (tests/fixtures/host/h200/sysroot.tar.gz) unpacked at
+  /var/lib/gpunode-lab-facts.
 
 `down()` takes it apart again; `status()` reports what is there. Failures raise `LabError` with
 a one-line message naming what failed and how to fix it.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -29,6 +34,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.parse
@@ -41,7 +47,8 @@ __all__ = [
     "LAB_DIR", "LAB_GPU_COUNT", "BRIDGE", "BRIDGE_IP", "BRIDGE_CIDR", "LAB_SUBNET", "CONTAINER_NAME",
     "CONTAINER_IP", "PVE_HOST", "PVE_PORT", "PVE_URL", "PVE_USER", "PVE_NODE", "NVIDIA_MAJOR",
     "LabError", "LabInfo", "up", "down", "status", "cgroup_device_key", "device_nodes", "ssh_command",
-    "pve_ticket", "uvm_major",
+    "pve_ticket", "uvm_major", "HOST_CONTAINER_NAME", "HOST_CONTAINER_IP", "LAB_HOST_FACTS_ROOT", "LabContainer",
+    "GPU_CONTAINER", "HOST_CONTAINER", "LAB_CONTAINERS",
 ]
 
 # ----------------------------------------------------------------------------- fixed contract
@@ -65,6 +72,23 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # The finished container's sources name deb.debian.org bookworm and bookworm-updates only.
 TEMPLATE_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 CONTAINER_PACKAGES = ("openssh-server", "python3", "ca-certificates", "sudo")
+
+# The Proxmox host stand-in: the machine the `host` stage configures over ssh and where the
+# `container` stage finds the NVIDIA device nodes. It rebuilds the initramfs and reads modprobe
+# config, hence initramfs-tools and kmod.
+HOST_CONTAINER_NAME = "gpunode-lab-host"
+HOST_CONTAINER_IP = "10.0.3.11"
+HOST_CONTAINER_HOSTNAME = "gpunode-lab-host"
+HOST_CONTAINER_PACKAGES = (*CONTAINER_PACKAGES, "initramfs-tools", "kmod")
+# Files recorded on a real H200 machine (/etc, /proc, /sys), unpacked into the host container here.
+LAB_HOST_FACTS_ROOT = "/var/lib/gpunode-lab-facts"
+HOST_FACTS_TARBALL = "tests/fixtures/host/h200/sysroot.tar.gz"  # relative to gpunode.paths.project_root()
+# package -> a file it installs (to find what the template failed to install)
+PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3",
+                  "ca-certificates": "usr/sbin/update-ca-certificates", "sudo": "usr/bin/sudo",
+                  "initramfs-tools": "usr/sbin/update-initramfs", "kmod": "usr/bin/kmod"}
+MASKED_UNITS = ("systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
+                "systemd-udevd-control.socket", "systemd-udevd-kernel.socket")
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR_RANGE = range(234, 255)  # pick the highest char major in 234..254 not in /proc/devices
@@ -93,12 +117,7 @@ PVE_LOG = PVE_DIR / "fakepve.log"
 PVE_GUESTS = PVE_DIR / "guests.json"
 LXC_PATH = LAB_DIR / "lxc"  # lxcpath: pass -P LXC_PATH to lxc-* commands
 LXC_CACHE = LAB_DIR / "cache"  # the lxc-debian template's debootstrap cache
-CONTAINER_DIR = LXC_PATH / CONTAINER_NAME
-CONTAINER_CONFIG = CONTAINER_DIR / "config"
-ROOTFS = CONTAINER_DIR / "rootfs"
 DOCKERD_LOG = LAB_DIR / "dockerd.log"
-LXC_CREATE_LOG = LAB_DIR / "lxc-create.log"
-LXC_START_LOG = LAB_DIR / "lxc-start.log"
 LOCK_FILE = LAB_DIR / ".lock"
 
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -119,6 +138,54 @@ REQUIRED_COMMANDS = {
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class LabContainer:
+    """One Debian LXC container of the lab, under LXC_PATH on BRIDGE."""
+
+    name: str
+    ip: str
+    hostname: str
+    packages: tuple[str, ...] = CONTAINER_PACKAGES
+    facts: bool = False  # unpack the recorded host facts to LAB_HOST_FACTS_ROOT in it
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.ip}/24"
+
+    @property
+    def dir(self) -> Path:
+        return LXC_PATH / self.name
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "config"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.dir / "rootfs"
+
+    @property
+    def create_log(self) -> Path:
+        return LAB_DIR / ("lxc-create.log" if self.name == CONTAINER_NAME else f"lxc-create.{self.name}.log")
+
+    @property
+    def start_log(self) -> Path:
+        return LAB_DIR / ("lxc-start.log" if self.name == CONTAINER_NAME else f"lxc-start.{self.name}.log")
+
+
+GPU_CONTAINER = LabContainer(CONTAINER_NAME, CONTAINER_IP, CONTAINER_HOSTNAME)
+HOST_CONTAINER = LabContainer(HOST_CONTAINER_NAME, HOST_CONTAINER_IP, HOST_CONTAINER_HOSTNAME,
+                              HOST_CONTAINER_PACKAGES, facts=True)
+LAB_CONTAINERS = (GPU_CONTAINER, HOST_CONTAINER)
+# The GPU node's paths, as before.
+CONTAINER_DIR = GPU_CONTAINER.dir
+CONTAINER_CONFIG = GPU_CONTAINER.config
+ROOTFS = GPU_CONTAINER.rootfs
+LXC_CREATE_LOG = GPU_CONTAINER.create_log
+LXC_START_LOG = GPU_CONTAINER.start_log
+HOST_ROOTFS = HOST_CONTAINER.rootfs
+
+
 class LabError(Exception):
     """The lab could not be brought to the asked state; the message is one line: what and the fix."""
 
@@ -130,6 +197,9 @@ class LabInfo:
     lab_dir: str
     container: str
     container_ip: str
+    host_container: str  # the Proxmox host stand-in (ssh root@host_ip)
+    host_ip: str
+    host_facts_root: str  # recorded H200 host files inside host_container
     lxc_path: str
     ssh_user: str
     ssh_key: str
@@ -260,8 +330,8 @@ def _locked() -> Iterator[None]:
         yield
 
 
-def _lxc(cmd: str, *args: str) -> list[str]:
-    return [cmd, "-P", str(LXC_PATH), "-n", CONTAINER_NAME, *args]
+def _lxc(ct: LabContainer, cmd: str, *args: str) -> list[str]:
+    return [cmd, "-P", str(LXC_PATH), "-n", ct.name, *args]
 
 
 # ----------------------------------------------------------------------------- docker
@@ -436,14 +506,14 @@ def cgroup_device_key() -> str:
     return "lxc.cgroup.devices.allow"
 
 
-def _config_block(uvm: int) -> str:
+def _config_block(ct: LabContainer, uvm: int) -> str:
     key = cgroup_device_key()
     lines = [
         CONFIG_BEGIN,
         "lxc.net.0.type = veth",
         f"lxc.net.0.link = {BRIDGE}",
         "lxc.net.0.flags = up",
-        f"lxc.net.0.ipv4.address = {CONTAINER_CIDR}",
+        f"lxc.net.0.ipv4.address = {ct.cidr}",
         f"lxc.net.0.ipv4.gateway = {BRIDGE_IP}",
         "lxc.apparmor.profile = unconfined",
         f"{key} = a",
@@ -462,47 +532,46 @@ def _with_block(text: str, block: str) -> str:
     return base + "\n\n" + block
 
 
-def _container_state() -> str:
+def _container_state(ct: LabContainer = GPU_CONTAINER) -> str:
     """RUNNING, STOPPED, ... or ABSENT."""
-    if not CONTAINER_CONFIG.exists():
+    if not ct.config.exists():
         return "ABSENT"
-    proc = _run(_lxc("lxc-info", "-sH"), check=False, timeout=20)
+    proc = _run(_lxc(ct, "lxc-info", "-sH"), check=False, timeout=20)
     return (proc.stdout.strip() or "UNKNOWN") if proc.returncode == 0 else "UNKNOWN"
 
 
-def _create_container(progress: Progress) -> None:
-    progress(f"container: creating {CONTAINER_NAME} (debootstrap {DEBIAN_RELEASE}, a few minutes; "
-             f"log {LXC_CREATE_LOG})")
+def _create_container(progress: Progress, ct: LabContainer) -> None:
+    cached = (LXC_CACHE / "debian" / f"rootfs-{DEBIAN_RELEASE}-amd64").is_dir()
+    progress(f"container: creating {ct.name} ({'from the debootstrap cache' if cached else 'debootstrap'} "
+             f"{DEBIAN_RELEASE}, packages {' '.join(ct.packages)}; log {ct.create_log})")
     LXC_PATH.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MIRROR=DEBIAN_MIRROR, SECURITY_MIRROR=TEMPLATE_SECURITY_MIRROR,
                LXC_CACHE_PATH=str(LXC_CACHE), DEBIAN_FRONTEND="noninteractive", LANG="C.UTF-8")
-    cmd = _lxc("lxc-create", "-t", "debian", "--", "-r", DEBIAN_RELEASE,
-               f"--packages={','.join(CONTAINER_PACKAGES)}", f"--mirror={DEBIAN_MIRROR}",
+    cmd = _lxc(ct, "lxc-create", "-t", "debian", "--", "-r", DEBIAN_RELEASE,
+               f"--packages={','.join(ct.packages)}", f"--mirror={DEBIAN_MIRROR}",
                f"--security-mirror={TEMPLATE_SECURITY_MIRROR}")
-    with open(LXC_CREATE_LOG, "wb") as log:
+    with open(ct.create_log, "wb") as log:
         try:
             rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, timeout=1800).returncode
         except subprocess.TimeoutExpired:
             rc = -1
-    if rc != 0 or not CONTAINER_CONFIG.exists():
-        raise LabError(f"lxc-create -t debian failed ({_tail(LXC_CREATE_LOG)}): see {LXC_CREATE_LOG}; "
+    if rc != 0 or not ct.config.exists():
+        raise LabError(f"lxc-create -t debian for {ct.name} failed ({_tail(ct.create_log)}): see {ct.create_log}; "
                        f"check that {DEBIAN_MIRROR} answers")
 
 
-def _ensure_packages(progress: Progress) -> bool:
+def _ensure_packages(progress: Progress, ct: LabContainer) -> bool:
     """The template skips --packages silently when its apt-get update fails: install what is missing."""
-    probes = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3",
-              "ca-certificates": "usr/sbin/update-ca-certificates", "sudo": "usr/bin/sudo"}
-    missing = [pkg for pkg, probe in probes.items() if not (ROOTFS / probe).exists()]
+    missing = [pkg for pkg in ct.packages if not (ct.rootfs / PACKAGE_PROBES[pkg]).exists()]
     if not missing:
         return False
-    progress(f"container: installing {' '.join(missing)} in the rootfs")
+    progress(f"container: installing {' '.join(missing)} in the rootfs of {ct.name}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LANG="C.UTF-8")
-    _run(["chroot", str(ROOTFS), "apt-get", "update"], env=env, timeout=600,
-         what="apt-get update in the container rootfs", fix=f"check that {DEBIAN_MIRROR} answers")
-    _run(["chroot", str(ROOTFS), "apt-get", "install", "-y", "--no-install-recommends", *missing], env=env,
-         timeout=1200, what=f"apt-get install {' '.join(missing)} in the container rootfs")
+    _run(["chroot", str(ct.rootfs), "apt-get", "update"], env=env, timeout=600,
+         what=f"apt-get update in the rootfs of {ct.name}", fix=f"check that {DEBIAN_MIRROR} answers")
+    _run(["chroot", str(ct.rootfs), "apt-get", "install", "-y", "--no-install-recommends", *missing], env=env,
+         timeout=1200, what=f"apt-get install {' '.join(missing)} in the rootfs of {ct.name}")
     return True
 
 
@@ -520,12 +589,13 @@ def _host_nameservers() -> list[str]:
                    "cannot reach): add a real nameserver to the host's /etc/resolv.conf")
 
 
-def _ensure_rootfs(progress: Progress, pubkey: str) -> bool:
+def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
     """Files inside the container's rootfs; True if any changed."""
     if not HOST_CA_BUNDLE.is_file():
         raise LabError(f"{HOST_CA_BUNDLE} is missing: apt-get install ca-certificates")
     changed = False
-    etc = ROOTFS / "etc"
+    rootfs = ct.rootfs
+    etc = rootfs / "etc"
     sources = (f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE} main\n"
                f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE}-updates main\n")
     changed |= _write_if_changed(etc / "apt/sources.list", sources, 0o644)
@@ -536,15 +606,25 @@ def _ensure_rootfs(progress: Progress, pubkey: str) -> bool:
     resolv = "".join(f"nameserver {ns}\n" for ns in _host_nameservers())
     changed |= _write_if_changed(etc / "resolv.conf", resolv, 0o644)
     bundle = HOST_CA_BUNDLE.read_bytes()
-    changed |= _write_if_changed(ROOTFS / "usr/local/share/ca-certificates/host-ca.crt", bundle, 0o644)
+    changed |= _write_if_changed(rootfs / "usr/local/share/ca-certificates/host-ca.crt", bundle, 0o644)
     # What update-ca-certificates would make of it; the bundle is the file OpenSSL and apt read.
     changed |= _write_if_changed(etc / "ssl/certs/ca-certificates.crt", bundle, 0o644)
-    changed |= _write_if_changed(etc / "hostname", CONTAINER_HOSTNAME + "\n", 0o644)
+    changed |= _write_if_changed(etc / "hostname", ct.hostname + "\n", 0o644)
     # LXC configures eth0 (static address and gateway) before init: ifupdown must leave it alone,
     # or networking.service waits for a DHCP server that is not there.
     changed |= _write_if_changed(etc / "network/interfaces",
                                  "auto lo\niface lo inet loopback\n\niface eth0 inet manual\n", 0o644)
-    ssh_dir = ROOTFS / "root/.ssh"
+    # The container is privileged with /sys mounted read-write: a udevd in it (initramfs-tools pulls
+    # udev in) would see and re-trigger the real machine's devices. Mask it, as a real LXC guest has.
+    for unit in MASKED_UNITS:
+        link = etc / "systemd/system" / unit
+        if not (link.is_symlink() and os.readlink(link) == "/dev/null"):
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink("/dev/null", link)
+            changed = True
+    ssh_dir = rootfs / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if stat.S_IMODE(ssh_dir.stat().st_mode) != 0o700:
         os.chmod(ssh_dir, 0o700)
@@ -556,11 +636,60 @@ def _ensure_rootfs(progress: Progress, pubkey: str) -> bool:
         os.symlink("/lib/systemd/system/ssh.service", wants)
         changed = True
     if not list((etc / "ssh").glob("ssh_host_ed25519_key*")):
-        raise LabError(f"the container has no ssh host key ({etc / 'ssh'}): run `gpunode lab down` and "
+        raise LabError(f"container {ct.name} has no ssh host key ({etc / 'ssh'}): run `gpunode lab down` and "
                        "`gpunode lab up` to rebuild it")
-    progress("container: rootfs (apt sources, resolv.conf, CA bundle, hostname, ssh key) "
+    progress(f"container: {ct.name} rootfs (apt sources, resolv.conf, CA bundle, hostname, ssh key) "
              + ("updated" if changed else "in place"))
     return changed
+
+
+def _facts_tarball() -> Path:
+    from gpunode.paths import project_root
+
+    return project_root() / HOST_FACTS_TARBALL
+
+
+def _ensure_host_facts(progress: Progress, ct: LabContainer) -> bool:
+    """Unpack the recorded H200 host files into ct's rootfs at LAB_HOST_FACTS_ROOT (without the
+    tarball's top folder `sysroot/`); redone only when the tarball's sha256 changed."""
+    tarball = _facts_tarball()
+    if not tarball.is_file():
+        raise LabError(f"recorded host facts {tarball} are missing: check out the whole repository "
+                       "(tests/fixtures/host/h200/) or set GPUNODE_HOME to it")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    dest = ct.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/")
+    stamp = ct.dir / "facts.sha256"
+    if dest.is_dir() and stamp.is_file() and stamp.read_text().strip() == digest:
+        progress(f"facts: {LAB_HOST_FACTS_ROOT} in {ct.name} in place")
+        return False
+    tmp = dest.with_name(dest.name + ".gpunode-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, mode=0o755)
+    with tarfile.open(tarball) as tar:
+        members = []
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if not parts or parts[0] != "sysroot":
+                raise LabError(f"{tarball}: member {member.name!r} is outside sysroot/: re-record the host facts")
+            if len(parts) == 1:
+                continue
+            if not (member.isfile() or member.isdir() or member.issym()):
+                raise LabError(f"{tarball}: member {member.name!r} is not a file, folder or symlink")
+            target = os.path.normpath(os.path.join(*parts[1:-1], member.linkname)) if member.issym() else ""
+            if member.issym() and (member.linkname.startswith("/") or target.split(os.sep)[0] == ".."):
+                raise LabError(f"{tarball}: symlink {member.name!r} -> {member.linkname!r} leaves the sysroot")
+            if ".." in parts:
+                raise LabError(f"{tarball}: member {member.name!r} has '..' in its path")
+            member.name = str(Path(*parts[1:]))
+            members.append(member)
+        # Members checked above; "tar" keeps the symlink and owner root:root.
+        tar.extractall(tmp, members=members, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    stamp.write_text(digest + "\n")
+    progress(f"facts: {tarball.name} unpacked to {LAB_HOST_FACTS_ROOT} in {ct.name}")
+    return True
 
 
 def _ensure_ssh_key() -> tuple[bool, str]:
@@ -576,93 +705,101 @@ def _ensure_ssh_key() -> tuple[bool, str]:
     return changed, SSH_PUBKEY.read_text()
 
 
-def _known_hosts_line() -> str:
-    key = (ROOTFS / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
-    return f"{CONTAINER_IP} {key[0]} {key[1]}\n"
+def _known_hosts_text() -> str:
+    """One line per lab container that has a host key, GPU node first."""
+    lines = []
+    for ct in LAB_CONTAINERS:
+        with contextlib.suppress(OSError, IndexError):
+            key = (ct.rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{ct.ip} {key[0]} {key[1]}\n")
+    return "".join(lines)
 
 
-def ssh_command(*remote: str, batch: bool = True) -> list[str]:
-    """The ssh command line that runs `remote` as root in the lab container."""
+def ssh_command(*remote: str, host: str = CONTAINER_IP, batch: bool = True) -> list[str]:
+    """The ssh command line that runs `remote` as root in a lab container: the GPU node (default)
+    or, with host=HOST_CONTAINER_IP, the Proxmox host stand-in."""
     opts = ["-i", str(SSH_KEY), "-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
             "-o", "LogLevel=ERROR"]
     if batch:
         opts += ["-o", "BatchMode=yes"]
-    return ["ssh", *opts, f"root@{CONTAINER_IP}", *remote]
+    return ["ssh", *opts, f"root@{host}", *remote]
 
 
-def _ssh_works() -> bool:
-    return _ok(ssh_command("true"), timeout=20)
+def _ssh_works(ct: LabContainer = GPU_CONTAINER) -> bool:
+    return _ok(ssh_command("true", host=ct.ip), timeout=20)
 
 
-def _wait_for_ssh(timeout: float) -> None:
+def _wait_for_ssh(ct: LabContainer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            with socket.create_connection((CONTAINER_IP, 22), timeout=2):
-                if _ssh_works():
+            with socket.create_connection((ct.ip, 22), timeout=2):
+                if _ssh_works(ct):
                     return
         time.sleep(1)
-    proc = _run(ssh_command("true"), check=False, timeout=20)
-    raise LabError(f"ssh root@{CONTAINER_IP} does not work after {timeout:.0f} s "
-                   f"({_one_line(proc.stderr) or 'no answer'}): see {LXC_START_LOG} and "
-                   f"`lxc-attach -P {LXC_PATH} -n {CONTAINER_NAME} -- systemctl status ssh`")
+    proc = _run(ssh_command("true", host=ct.ip), check=False, timeout=20)
+    raise LabError(f"ssh root@{ct.ip} does not work after {timeout:.0f} s "
+                   f"({_one_line(proc.stderr) or 'no answer'}): see {ct.start_log} and "
+                   f"`lxc-attach -P {LXC_PATH} -n {ct.name} -- systemctl status ssh`")
 
 
-def _start_container(progress: Progress) -> None:
-    progress(f"container: starting {CONTAINER_NAME}")
-    _run(_lxc("lxc-start", "-d", "-o", str(LXC_START_LOG), "-l", "INFO"), timeout=60,
-         what=f"lxc-start {CONTAINER_NAME}", fix=f"see {LXC_START_LOG}")
-    _run(_lxc("lxc-wait", "-s", "RUNNING", "-t", "30"), timeout=40, what=f"waiting for {CONTAINER_NAME}",
-         fix=f"see {LXC_START_LOG}")
+def _start_container(progress: Progress, ct: LabContainer) -> None:
+    progress(f"container: starting {ct.name}")
+    _run(_lxc(ct, "lxc-start", "-d", "-o", str(ct.start_log), "-l", "INFO"), timeout=60,
+         what=f"lxc-start {ct.name}", fix=f"see {ct.start_log}")
+    _run(_lxc(ct, "lxc-wait", "-s", "RUNNING", "-t", "30"), timeout=40, what=f"waiting for {ct.name}",
+         fix=f"see {ct.start_log}")
 
 
-def _stop_container(progress: Progress) -> None:
-    progress(f"container: stopping {CONTAINER_NAME}")
-    proc = _run(_lxc("lxc-stop", "-t", "20"), check=False, timeout=60)
-    if proc.returncode != 0 and _container_state() != "STOPPED":
-        _run(_lxc("lxc-stop", "-k"), timeout=30, what=f"lxc-stop -k {CONTAINER_NAME}")
+def _stop_container(progress: Progress, ct: LabContainer) -> None:
+    progress(f"container: stopping {ct.name}")
+    proc = _run(_lxc(ct, "lxc-stop", "-t", "20"), check=False, timeout=60)
+    if proc.returncode != 0 and _container_state(ct) != "STOPPED":
+        _run(_lxc(ct, "lxc-stop", "-k"), timeout=30, what=f"lxc-stop -k {ct.name}")
 
 
-def _ensure_container(progress: Progress, uvm: int) -> bool:
+def _ensure_container(progress: Progress, ct: LabContainer, uvm: int) -> bool:
     changed = False
     key_changed, pubkey = _ensure_ssh_key()
     changed |= key_changed
-    state = _container_state()
+    state = _container_state(ct)
     if state == "ABSENT":
-        _create_container(progress)
+        _create_container(progress, ct)
         changed = True
         state = "STOPPED"
     elif state not in ("RUNNING", "STOPPED"):
-        raise LabError(f"container {CONTAINER_NAME} is {state}: run `gpunode lab down` then `gpunode lab up`")
+        raise LabError(f"container {ct.name} is {state}: run `gpunode lab down` then `gpunode lab up`")
     if state == "STOPPED":
-        changed |= _ensure_packages(progress)
-    config = CONTAINER_CONFIG.read_text()
-    new_config = _with_block(config, _config_block(uvm))
+        changed |= _ensure_packages(progress, ct)
+    config = ct.config.read_text()
+    new_config = _with_block(config, _config_block(ct, uvm))
     config_changed = new_config != config
     if config_changed:
-        _write_if_changed(CONTAINER_CONFIG, new_config)
-        progress(f"container: config block in {CONTAINER_CONFIG} written")
-    rootfs_changed = _ensure_rootfs(progress, pubkey)
+        _write_if_changed(ct.config, new_config)
+        progress(f"container: config block in {ct.config} written")
+    rootfs_changed = _ensure_rootfs(progress, ct, pubkey)
     changed |= config_changed or rootfs_changed
+    if ct.facts:
+        changed |= _ensure_host_facts(progress, ct)
     started = False
-    if state == "RUNNING" and (config_changed or rootfs_changed and not _ssh_works()):
-        _stop_container(progress)
+    if state == "RUNNING" and (config_changed or rootfs_changed and not _ssh_works(ct)):
+        _stop_container(progress, ct)
         state = "STOPPED"
     if state != "RUNNING":
-        _start_container(progress)
+        _start_container(progress, ct)
         changed = started = True
     else:
-        progress(f"container: {CONTAINER_NAME} running")
-    changed |= _write_if_changed(KNOWN_HOSTS, _known_hosts_line(), 0o644)
-    _wait_for_ssh(90 if started else 20)
-    progress(f"ssh: root@{CONTAINER_IP} answers")
+        progress(f"container: {ct.name} running")
+    changed |= _write_if_changed(KNOWN_HOSTS, _known_hosts_text(), 0o644)
+    _wait_for_ssh(ct, 90 if started else 20)
+    progress(f"ssh: root@{ct.ip} answers")
     if started:
-        proc = _run(ssh_command("apt-get", "-q", "update"), check=False, timeout=180)
+        proc = _run(ssh_command("apt-get", "-q", "update", host=ct.ip), check=False, timeout=180)
         if proc.returncode != 0 or re.search(r"^(W|E): ", proc.stdout + proc.stderr, re.M):
-            raise LabError(f"apt-get update in the container failed ({_one_line(proc.stderr) or _one_line(proc.stdout)}): "
-                           f"check NAT (iptables -t nat -S POSTROUTING) and DNS ({ROOTFS / 'etc/resolv.conf'})")
-        progress("container: apt-get update works (NAT and DNS)")
+            raise LabError(f"apt-get update in {ct.name} failed ({_one_line(proc.stderr) or _one_line(proc.stdout)}): "
+                           f"check NAT (iptables -t nat -S POSTROUTING) and DNS ({ct.rootfs / 'etc/resolv.conf'})")
+        progress(f"container: apt-get update in {ct.name} works (NAT and DNS)")
     return changed
 
 
@@ -768,7 +905,9 @@ def _ensure_pve(progress: Progress) -> bool:
 
 def _info(uvm: int, changed: list[str], seconds: float) -> LabInfo:
     return LabInfo(
-        lab_dir=str(LAB_DIR), container=CONTAINER_NAME, container_ip=CONTAINER_IP, lxc_path=str(LXC_PATH),
+        lab_dir=str(LAB_DIR), container=CONTAINER_NAME, container_ip=CONTAINER_IP,
+        host_container=HOST_CONTAINER_NAME, host_ip=HOST_CONTAINER_IP, host_facts_root=LAB_HOST_FACTS_ROOT,
+        lxc_path=str(LXC_PATH),
         ssh_user="root", ssh_key=str(SSH_KEY), known_hosts=str(KNOWN_HOSTS), bridge=BRIDGE, gateway=BRIDGE_IP,
         gpu_count=LAB_GPU_COUNT,
         device_nodes={n: f"{ma}:{mi}" for n, (ma, mi) in device_nodes(uvm).items()},
@@ -791,17 +930,19 @@ def up(progress: Progress = _noop) -> LabInfo:
         dev_changed, uvm = _ensure_devices(progress)
         if dev_changed:
             changed.append("devices")
-        if _ensure_container(progress, uvm):
+        if _ensure_container(progress, GPU_CONTAINER, uvm):
             changed.append("container")
         if _ensure_pve(progress):
             changed.append("fakepve")
+        if _ensure_container(progress, HOST_CONTAINER, uvm):
+            changed.append("host_container")
     seconds = time.monotonic() - start
     progress(f"lab up in {seconds:.1f} s" + (f" (changed: {', '.join(changed)})" if changed else " (no change)"))
     return _info(uvm, changed, seconds)
 
 
 def down(purge: bool = False, progress: Progress = _noop) -> None:
-    """Take the lab apart: fakepve, the container, the iptables rules and the bridge; with purge
+    """Take the lab apart: fakepve, both containers, the iptables rules and the bridge; with purge
     also LAB_DIR (keys, certificates, the debootstrap cache). Docker Engine is left running."""
     _require_root()
     _require_commands(["ip", "iptables", "lxc-stop", "lxc-destroy", "lxc-info"])
@@ -811,14 +952,15 @@ def down(purge: bool = False, progress: Progress = _noop) -> None:
         return
     with _locked():
         progress("fakepve: stopped" if _stop_pve() else "fakepve: not running")
-        state = _container_state()
-        if state != "ABSENT":
-            if state != "STOPPED":
-                _stop_container(progress)
-            _run(_lxc("lxc-destroy"), timeout=300, what=f"lxc-destroy {CONTAINER_NAME}")
-            progress(f"container: {CONTAINER_NAME} destroyed")
-        else:
-            progress("container: absent")
+        for ct in reversed(LAB_CONTAINERS):
+            state = _container_state(ct)
+            if state != "ABSENT":
+                if state != "STOPPED":
+                    _stop_container(progress, ct)
+                _run(_lxc(ct, "lxc-destroy"), timeout=300, what=f"lxc-destroy {ct.name}")
+                progress(f"container: {ct.name} destroyed")
+            else:
+                progress(f"container: {ct.name} absent")
         KNOWN_HOSTS.unlink(missing_ok=True)
         _remove_network(progress)
     if purge:
@@ -826,9 +968,9 @@ def down(purge: bool = False, progress: Progress = _noop) -> None:
         progress(f"lab: {LAB_DIR} removed")
 
 
-def _devices_in_container() -> dict[str, str]:
+def _devices_in_container(ct: LabContainer = GPU_CONTAINER) -> dict[str, str]:
     """name -> "major:minor" of the /dev/nvidia* char nodes inside the running container."""
-    proc = _run(_lxc("lxc-attach", "--", "sh", "-c", "stat -c '%n %F %t %T' /dev/nvidia* 2>/dev/null || true"),
+    proc = _run(_lxc(ct, "lxc-attach", "--", "sh", "-c", "stat -c '%n %F %t %T' /dev/nvidia* 2>/dev/null || true"),
                 check=False, timeout=20)
     seen: dict[str, str] = {}
     for line in proc.stdout.splitlines():
@@ -836,6 +978,21 @@ def _devices_in_container() -> dict[str, str]:
         if m:
             seen[m.group(1)] = f"{int(m.group(2), 16)}:{int(m.group(3), 16)}"
     return seen
+
+
+def _container_status(ct: LabContainer, root: bool) -> dict[str, object]:
+    """name, lxc_path, state, ip, devices ("name" -> "major:minor" inside), ssh, and ok (all fine)."""
+    state = _container_state(ct) if root else "UNKNOWN"
+    ip = None
+    devices: dict[str, str] = {}
+    if state == "RUNNING":
+        proc = _run(_lxc(ct, "lxc-info", "-iH"), check=False, timeout=20)
+        ips = proc.stdout.split()
+        ip = ips[0] if ips else None
+        devices = _devices_in_container(ct)
+    ssh = state == "RUNNING" and KNOWN_HOSTS.exists() and _ssh_works(ct)
+    return {"name": ct.name, "lxc_path": str(LXC_PATH), "state": state, "ip": ip, "devices": devices, "ssh": ssh,
+            "ok": state == "RUNNING" and ip == ct.ip and ssh}
 
 
 def status() -> dict[str, object]:
@@ -847,27 +1004,27 @@ def status() -> dict[str, object]:
         out["bridge"] = {"name": BRIDGE, "present": exists, "address": BRIDGE_CIDR if has_addr else None,
                          "up": is_up}
         out["iptables"] = all(_ok(["iptables", "-w", "-t", t, "-C", *spec]) for t, spec, _ in _iptables_rules())
-        state = _container_state() if out["root"] else "UNKNOWN"
-        out["container"] = {"name": CONTAINER_NAME, "lxc_path": str(LXC_PATH), "state": state}
-        ip = None
-        devices: dict[str, str] = {}
-        if state == "RUNNING":
-            proc = _run(_lxc("lxc-info", "-iH"), check=False, timeout=20)
-            ips = proc.stdout.split()
-            ip = ips[0] if ips else None
-            devices = _devices_in_container()
-        out["container_ip"] = ip
         try:
             expected = {n: f"{ma}:{mi}" for n, (ma, mi) in device_nodes().items()}
         except (OSError, LabError):
             expected = {}
+        gpu = _container_status(GPU_CONTAINER, out["root"] is True)
+        out["container"] = {k: gpu[k] for k in ("name", "lxc_path", "state")}
+        out["container_ip"] = gpu["ip"]
         out["devices_expected"] = expected
-        out["devices"] = devices
-        out["ssh"] = state == "RUNNING" and KNOWN_HOSTS.exists() and _ssh_works()
+        out["devices"] = gpu["devices"]
+        out["ssh"] = gpu["ssh"]
+        host = _container_status(HOST_CONTAINER, out["root"] is True)
+        host["facts_root"] = LAB_HOST_FACTS_ROOT
+        host["facts"] = (HOST_CONTAINER.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/") / "proc/driver/nvidia/version").is_file()
+        out["host_container"] = host
         out["fakepve"] = {"url": PVE_URL, "node": PVE_NODE, "answering": PVE_PASSWORD_FILE.exists() and _pve_answers()}
-        out["up"] = bool(out["dockerd"] and exists and has_addr and is_up and out["iptables"]
-                         and state == "RUNNING" and ip == CONTAINER_IP and expected and devices == expected
-                         and out["ssh"] and out["fakepve"]["answering"])  # type: ignore[index]
+        out["up"] = bool(out["dockerd"] and exists and has_addr and is_up and out["iptables"] and expected
+                         and gpu["ok"] and gpu["devices"] == expected
+                         and host["ok"] and host["devices"] == expected and host["facts"]
+                         and out["fakepve"]["answering"])  # type: ignore[index]
+        gpu.pop("ok")
+        host.pop("ok")
     except (OSError, LabError) as exc:
         out["error"] = str(exc)
         out["up"] = False

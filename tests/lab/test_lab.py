@@ -22,9 +22,28 @@ import gpunode.lab as lab
 pytestmark = pytest.mark.lab
 
 
-def _ssh(*remote: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(lab.ssh_command(*remote), capture_output=True, text=True, timeout=timeout,
+def _ssh(*remote: str, timeout: float = 60, host: str = lab.CONTAINER_IP) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lab.ssh_command(*remote, host=host), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+def _host_ssh(*remote: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return _ssh(*remote, timeout=timeout, host=lab.HOST_CONTAINER_IP)
+
+
+DEVICES_SCRIPT = ("import glob, json, os, stat; print(json.dumps({p[5:]: [stat.S_ISCHR(s.st_mode), os.major(s.st_rdev), "
+                  "os.minor(s.st_rdev)] for p in sorted(glob.glob('/dev/nvidia*')) for s in [os.stat(p)]}))")
+OPEN_SCRIPT = ("import errno, sys\nfor p in sys.argv[1:]:\n"
+               "    try:\n        open(p, 'rb').close(); print(p, 0)\n"
+               "    except OSError as e:\n        print(p, e.errno)")
+
+
+def _host_devices() -> dict[str, list[object]]:
+    host = {}
+    for name in lab.device_nodes():
+        st = os.stat(lab.DEV_DIR / name)
+        host[name] = [True, os.major(st.st_rdev), os.minor(st.st_rdev)]
+    return host
 
 
 def _rule_counts() -> dict[str, int]:
@@ -58,26 +77,18 @@ def test_host_device_nodes() -> None:
         assert stat.S_IMODE(st.st_mode) == 0o666, name
 
 
-def test_device_nodes_in_container_match_host() -> None:
-    script = ("import glob, json, os, stat; print(json.dumps({p[5:]: [stat.S_ISCHR(s.st_mode), os.major(s.st_rdev), "
-              "os.minor(s.st_rdev)] for p in sorted(glob.glob('/dev/nvidia*')) for s in [os.stat(p)]}))")
-    proc = _ssh("python3", "-c", f'"{script}"')
+@pytest.mark.parametrize("host", [lab.CONTAINER_IP, lab.HOST_CONTAINER_IP])
+def test_device_nodes_in_container_match_host(host: str) -> None:
+    proc = _ssh("python3", "-c", f'"{DEVICES_SCRIPT}"', host=host)
     assert proc.returncode == 0, proc.stderr
-    inside = json.loads(proc.stdout)
-    host = {}
-    for name in lab.device_nodes():
-        st = os.stat(lab.DEV_DIR / name)
-        host[name] = [True, os.major(st.st_rdev), os.minor(st.st_rdev)]
-    assert inside == host
+    assert json.loads(proc.stdout) == _host_devices()
 
 
-def test_open_gives_enxio_not_eperm() -> None:
-    script = ("import errno, sys\nfor p in sys.argv[1:]:\n"
-              "    try:\n        open(p, 'rb').close(); print(p, 0)\n"
-              "    except OSError as e:\n        print(p, e.errno)")
+@pytest.mark.parametrize("host", [lab.CONTAINER_IP, lab.HOST_CONTAINER_IP])
+def test_open_gives_enxio_not_eperm(host: str) -> None:
     paths = [f"/dev/{name}" for name in lab.device_nodes()]
-    proc = subprocess.run(lab.ssh_command("python3", "-", *paths), input=script, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(lab.ssh_command("python3", "-", *paths, host=host), input=OPEN_SCRIPT, capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     result = dict(line.split() for line in proc.stdout.splitlines())
     assert result == {p: "6" for p in paths}  # ENXIO: allowed by the cgroup, no driver behind it
@@ -103,11 +114,72 @@ def test_https_from_container_trusts_host_ca() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "200", proc.stderr
 
 
-def test_known_hosts_pins_container_key() -> None:
-    line = lab.KNOWN_HOSTS.read_text().split()
-    hostkey = (lab.ROOTFS / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
-    assert line == [lab.CONTAINER_IP, *hostkey[:2]]
+def test_known_hosts_pins_both_containers_keys() -> None:
+    lines = [line.split() for line in lab.KNOWN_HOSTS.read_text().splitlines()]
+    expected = []
+    for ct in (lab.GPU_CONTAINER, lab.HOST_CONTAINER):
+        hostkey = (ct.rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+        expected.append([ct.ip, *hostkey[:2]])
+    assert lines == expected
     assert _ssh("true").returncode == 0
+    assert _host_ssh("true").returncode == 0
+
+
+def test_host_container_running_with_systemd() -> None:
+    out = subprocess.run(["lxc-info", "-P", str(lab.LXC_PATH), "-n", lab.HOST_CONTAINER_NAME, "-sH"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "RUNNING"
+    assert _host_ssh("hostname").stdout.strip() == lab.HOST_CONTAINER_HOSTNAME
+    assert _host_ssh("cat", "/proc/1/comm").stdout.strip() == "systemd"
+    assert _host_ssh("ip", "-4", "-o", "addr", "show", "eth0").stdout.split()[3] == f"{lab.HOST_CONTAINER_IP}/24"
+
+
+def test_host_container_ssh_is_strict(tmp_path: Path) -> None:
+    cmd = lab.ssh_command("true", host=lab.HOST_CONTAINER_IP)
+    assert "StrictHostKeyChecking=yes" in cmd and f"root@{lab.HOST_CONTAINER_IP}" in cmd
+    assert subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    # The same command with a known_hosts that lacks the key must be refused.
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    bad = [f"UserKnownHostsFile={empty}" if a.startswith("UserKnownHostsFile=") else a for a in cmd]
+    proc = subprocess.run(bad, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
+
+
+def test_host_container_config_block() -> None:
+    config = lab.HOST_CONTAINER.config.read_text()
+    assert config.count(lab.CONFIG_BEGIN) == 1 and config.count(lab.CONFIG_END) == 1
+    block = config[config.index(lab.CONFIG_BEGIN):]
+    gpu = lab.CONTAINER_CONFIG.read_text()
+    assert block == gpu[gpu.index(lab.CONFIG_BEGIN):].replace(f"{lab.CONTAINER_IP}/24", f"{lab.HOST_CONTAINER_IP}/24")
+
+
+def test_host_container_facts() -> None:
+    root = lab.LAB_HOST_FACTS_ROOT
+    proc = _host_ssh("cat", f"{root}/proc/driver/nvidia/version", f"{root}/etc/os-release")
+    assert proc.returncode == 0, proc.stderr
+    assert "Open Kernel Module" in proc.stdout
+    script = (f"import glob, os; ds = glob.glob('{root}/sys/bus/pci/devices/*/driver'); "
+              "print(len(ds), all(os.path.islink(d) for d in ds), "
+              "sorted({os.path.basename(os.path.realpath(d)) for d in ds}))")
+    proc = _host_ssh("python3", "-c", f'"{script}"')
+    assert proc.returncode == 0, proc.stderr
+    count, links, names = proc.stdout.split(" ", 2)
+    assert int(count) >= 1 and links == "True" and names.strip() == "['nvidia']"
+    # Without the tarball's top folder, owned by root.
+    assert not (lab.HOST_ROOTFS / root.lstrip("/") / "sysroot").exists()
+    assert os.stat(lab.HOST_ROOTFS / root.lstrip("/") / "proc/driver/nvidia/version").st_uid == 0
+
+
+def test_host_container_has_initramfs_tools_and_kmod() -> None:
+    proc = _host_ssh("sh", "-c", "'command -v update-initramfs && command -v modprobe && "
+                     "dpkg-query -W -f=\"\\${Status}\\n\" initramfs-tools kmod'")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["/usr/sbin/update-initramfs", "/usr/sbin/modprobe"]
+    assert lines[2:] == ["install ok installed"] * 2
+    # udev came with initramfs-tools: masked, as /sys is the real machine's.
+    assert _host_ssh("systemctl", "is-enabled", "systemd-udevd.service").stdout.strip() == "masked"
 
 
 def test_fakepve_ticket_verified_against_lab_ca() -> None:
@@ -158,11 +230,21 @@ def test_status_reports_everything(lab_status: dict[str, object]) -> None:
     assert st["container_ip"] == lab.CONTAINER_IP
     assert st["devices"] == {n: f"{a}:{b}" for n, (a, b) in lab.device_nodes().items()}
     assert st["fakepve"]["answering"] is True  # type: ignore[index]
+    host = st["host_container"]
+    assert host["name"] == lab.HOST_CONTAINER_NAME and host["state"] == "RUNNING"  # type: ignore[index]
+    assert host["ip"] == lab.HOST_CONTAINER_IP and host["ssh"] is True  # type: ignore[index]
+    assert host["devices"] == st["devices"]  # type: ignore[index]
+    assert host["facts"] is True and host["facts_root"] == lab.LAB_HOST_FACTS_ROOT  # type: ignore[index]
     json.dumps(st)
 
 
 def test_second_up_is_fast_and_changes_nothing() -> None:
     config = lab.CONTAINER_CONFIG.read_text()
+    host_config = lab.HOST_CONTAINER.config.read_text()
+    known_hosts = lab.KNOWN_HOSTS.read_text()
+    facts = lab.HOST_ROOTFS / lab.LAB_HOST_FACTS_ROOT.lstrip("/")
+    facts_ino = os.stat(facts).st_ino
+    host_pid = _host_ssh("systemctl", "show", "-P", "MainPID", "ssh").stdout
     rules = _rule_counts()
     assert rules == {"nat": 1, "filter": 2}
     pid = lab.PVE_PID_FILE.read_text()
@@ -173,6 +255,11 @@ def test_second_up_is_fast_and_changes_nothing() -> None:
     assert info.changed == [], messages
     assert elapsed < 15, messages
     assert lab.CONTAINER_CONFIG.read_text() == config
+    assert lab.HOST_CONTAINER.config.read_text() == host_config
+    assert lab.KNOWN_HOSTS.read_text() == known_hosts
+    assert os.stat(facts).st_ino == facts_ino
+    assert _host_ssh("systemctl", "show", "-P", "MainPID", "ssh").stdout == host_pid
     assert _rule_counts() == rules
     assert lab.PVE_PID_FILE.read_text() == pid
     assert info.container_ip == lab.CONTAINER_IP and info.pve_node == lab.PVE_NODE
+    assert info.host_container == lab.HOST_CONTAINER_NAME and info.host_ip == lab.HOST_CONTAINER_IP
