@@ -1,8 +1,9 @@
 #!/usr/bin/python
 """Ansible module: read-only facts of a GPU host (driver, HMM, PCI binding, IOMMU, device nodes).
 
-Reads files only, under ``facts_root`` (``/`` on a real host; the lab points it at readings
-recorded on a real GPU machine), and the device nodes under ``dev_root``.
+Reads files only: runtime state (/proc, /sys, /run) under ``facts_root`` (``/`` on a real host;
+the lab points it at readings recorded on a real GPU machine), configuration (/etc, dpkg) under
+``/``, and the device nodes under ``dev_root``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def main() -> None:
         argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"}},
         supports_check_mode=True,
     )
-    facts = gather(module.params["facts_root"])
+    facts = gather(module.params["facts_root"], config_root="/")
     facts["devices"] = scan(module.params["dev_root"], try_open=False)
     module.exit_json(changed=False, facts=facts)
 

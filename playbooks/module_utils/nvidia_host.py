@@ -133,15 +133,20 @@ def persistenced(root: str) -> dict[str, object]:
                               "etc/systemd/system/nvidia-persistenced.service"))}
 
 
-def gather(root: str = "/") -> dict[str, object]:
+def gather(root: str = "/", config_root: str | None = None) -> dict[str, object]:
+    """Runtime state (/proc, /sys, /run) under ``root``; configuration (/etc, dpkg) under
+    ``config_root`` (default: the same). The lab replays recorded runtime state while the
+    configuration the stage edits is the lab host's own."""
+    config_root = root if config_root is None else config_root
     return {
         "root": root,
-        "os": os_release(root),
-        "pve_manager": dpkg_version(root, "pve-manager"),
+        "config_root": config_root,
+        "os": os_release(config_root),
+        "pve_manager": dpkg_version(config_root, "pve-manager"),
         "kernel": kernel_cmdline(root),
         "gpus": pci_gpus(root),
         "driver": driver(root),
         "uvm": uvm(root),
-        "modprobe": modprobe_options(root),
+        "modprobe": modprobe_options(config_root),
         "persistenced": persistenced(root),
     }

@@ -154,6 +154,7 @@ def lab_up() -> None:
         _die(4, [str(exc)])
     nodes = ", ".join(f"{name} {numbers}" for name, numbers in info.device_nodes.items())
     typer.echo(f"lab is up ({'changed: ' + ', '.join(info.changed) if info.changed else 'no change'}, {info.seconds} s)\n"
+               f"  PVE host:  {info.host_container} at {info.ssh_user}@{info.host_ip} (facts: {info.host_facts_root})\n"
                f"  GPU node:  {info.container} at {info.ssh_user}@{info.container_ip} (ssh -i {info.ssh_key})\n"
                f"  devices:   {nodes}\n"
                f"  Proxmox:   fakepve at {info.pve_url} node {info.pve_node}, CA {info.pve_ca}\n"

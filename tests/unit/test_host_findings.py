@@ -103,6 +103,7 @@ def test_gather_replays_the_recorded_files(tmp_path: Path, facts: dict[str, Any]
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     replayed = module.gather(str(tmp_path / "sysroot"))
+    assert replayed["config_root"] == replayed["root"]
     for key in ("driver", "uvm", "gpus", "os"):
         assert replayed[key] == facts[key], key
     assert replayed["kernel"]["cmdline"] == facts["kernel"]["cmdline"]

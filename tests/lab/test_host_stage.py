@@ -1,0 +1,80 @@
+"""The host stage for real, against the lab container that plays the Proxmox host (Debian 12,
+systemd, sshd). Runtime state comes from readings recorded on a real H200; the files and units
+the stage manages are the lab host's own. Idempotence is read from runner stats.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import gpunode.lab as lab
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
+HOST = "pve-lab"
+HMM_CONF = "/etc/modprobe.d/gpunode-nvidia-uvm.conf"
+UNIT = "/etc/systemd/system/gpunode-nvidia-nodes.service"
+
+
+def on_host(*remote: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lab.ssh_command(*remote, host=lab.HOST_CONTAINER_IP), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+def run(gpunode, *args: str, hosts: Path = LAB_HOSTS) -> tuple[int, dict[str, Any], str]:
+    result = gpunode("provision", str(hosts), "--tags", "host", "--json", *args, timeout=600)
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def test_converges_then_changes_nothing(gpunode) -> None:
+    on_host("rm", "-f", HMM_CONF, UNIT, "/etc/modprobe.d/vfio.conf")
+    on_host("systemctl", "daemon-reload")
+    rc, first, stderr = run(gpunode)
+    assert rc == 0, stderr
+    assert first["stats"]["changed"][HOST] >= 3  # the HMM option, the unit, enabling it (+ handlers)
+    assert "options nvidia_uvm uvm_disable_hmm=1" in on_host("cat", HMM_CONF).stdout
+    assert "ExecStart=/usr/bin/nvidia-modprobe -c0 -u" in on_host("cat", UNIT).stdout
+    assert on_host("systemctl", "is-enabled", "gpunode-nvidia-nodes.service").stdout.strip() == "enabled"
+    # Findings come first, by name, with their fixes; the recap says what still needs a reload.
+    assert "FAIL hmm: uvm_disable_hmm=N" in stderr and "OK   driver: driver 580.159.04" in stderr
+    assert "needs: ['reload nvidia_uvm or reboot: live uvm_disable_hmm=N']" in stderr
+    rc, second, _ = run(gpunode)
+    assert rc == 0 and not second["stats"].get("changed"), second["stats"]
+
+
+def test_releases_gpus_from_vfio(gpunode) -> None:
+    # ssh hands the remote shell one command line.
+    on_host("printf 'options vfio-pci ids=10de:2bb1,10de:22e8,8086:1234 disable_vga=1\\n' > /etc/modprobe.d/vfio.conf")
+    assert on_host("cat", "/etc/modprobe.d/vfio.conf").stdout.startswith("options vfio-pci ids=10de:2bb1")
+    rc, summary, stderr = run(gpunode, "--diff")
+    assert rc == 0, stderr
+    assert on_host("cat", "/etc/modprobe.d/vfio.conf").stdout == "options vfio-pci ids=8086:1234 disable_vga=1\n"
+    assert "-options vfio-pci ids=10de:2bb1,10de:22e8,8086:1234 disable_vga=1" in stderr
+    assert "Rebuild the initramfs" in stderr  # the handler ran
+    rc, again, _ = run(gpunode)
+    assert rc == 0 and not again["stats"].get("changed")
+    on_host("rm", "-f", "/etc/modprobe.d/vfio.conf")
+
+
+def test_check_mode_writes_nothing(gpunode) -> None:
+    on_host("rm", "-f", HMM_CONF)
+    rc, summary, _ = run(gpunode, "--check")
+    assert rc == 0 and summary["stats"]["changed"][HOST] >= 1
+    assert on_host("test", "-e", HMM_CONF).returncode == 1
+    assert run(gpunode)[0] == 0
+
+
+def test_blocking_finding_stops_before_any_change(gpunode, tmp_path: Path) -> None:
+    on_host("rm", "-f", HMM_CONF)
+    hosts = tmp_path / "host.yml"
+    hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', 'version: "580.95.05"'))
+    rc, summary, _ = run(gpunode, hosts=hosts)
+    assert rc == 1
+    failure = summary["failures"][0]
+    assert failure["task"] == "Evaluate the host (named findings, each with its fix)"
+    assert "driver 580.159.04 loaded, host file pins 580.95.05" in failure["message"]
+    assert on_host("test", "-e", HMM_CONF).returncode == 1, "a blocked preflight changed the host"
+    assert run(gpunode)[0] == 0
