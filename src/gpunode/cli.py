@@ -143,6 +143,37 @@ def provision(
     raise typer.Exit(summary.exit_code)
 
 
+@app.command()
+def p2p(
+    path: Annotated[Optional[Path], typer.Argument(help="host file for the expectations (p2p:, --tp-size)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON with every number and finding")] = False,
+    size_mb: Annotated[int, typer.Option("--size-mb", help="bytes per bandwidth copy, MiB")] = 512,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer samples: faster, noisier")] = False,
+) -> None:
+    """GPU topology and P2P bandwidth on THIS machine, with a verdict for TP serving.
+
+    Exit codes: 0 pass, 1 a pair or GPU below expectation (or P2P unavailable, or wrong data),
+    2 bad input, 3 passed with fewer than two GPUs (pairs not applicable), 4 no usable GPU/NVML/CUDA.
+    """
+    from gpunode.p2p.command import run as run_p2p
+    from gpunode.p2p.verdict import Expectations
+
+    values: dict[str, object] = {}
+    if path is not None:
+        hf = _load(path)
+        chosen = [h for h in hf.hosts if host in (None, h.name)]
+        if not chosen or (host is None and len(chosen) > 1):
+            _die(2, [f"{path}: name one host with --host ({', '.join(h.name for h in hf.hosts)})"])
+        from gpunode.plan import server_launch
+
+        argv = list(server_launch(chosen[0]).argv)
+        tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else None
+        values = {**chosen[0].p2p.model_dump(), "min_gpus": int(tp) if tp else None}
+    raise typer.Exit(run_p2p(as_json=as_json, expect=Expectations.from_mapping(values), size_mb=size_mb,
+                             quick=quick, out=sys.stdout))
+
+
 @lab_app.command("up")
 def lab_up() -> None:
     """Bring the lab up (idempotent; needs root)."""

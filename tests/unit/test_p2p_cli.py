@@ -118,3 +118,18 @@ def test_method_sampling() -> None:
     full, quick = measure.method_for(512, quick=False), measure.method_for(512, quick=True)
     assert full.size_bytes == quick.size_bytes == 512 * 2**20
     assert quick.samples < full.samples and quick.warmup_copies <= full.warmup_copies
+
+
+def test_gpunode_p2p_takes_expectations_from_the_host_file(gpunode) -> None:
+    # No GPU here: exit 4, and the expectations printed are the host file's, min GPUs from --tp-size.
+    from pathlib import Path
+
+    lab = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml"
+    result = gpunode("p2p", str(lab), "--json")
+    assert result.returncode == 4, result.stderr
+    import json
+
+    data = json.loads(result.stdout)
+    assert data["expectations"]["min_gpus"] == 2 and data["expectations"]["same_numa_gbps"] == 45.0
+    bad = gpunode("p2p", str(lab), "--host", "nope")
+    assert bad.returncode == 2 and "name one host with --host (pve-lab)" in bad.stderr
