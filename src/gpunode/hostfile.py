@@ -188,6 +188,9 @@ class Container(Strict):
     network: Network = Network()
     gpus: Literal["all"] | list[Annotated[int, Field(ge=0, le=255)]] = "all"
     mig: bool = False
+    # How Docker containers on the node get the GPUs: the NVIDIA runtime (nvidia-container-toolkit)
+    # or the device nodes handed in one by one (the lab, which has no driver to inject).
+    gpu_handoff: Literal["nvidia-runtime", "devices"] = "nvidia-runtime"
     ssh: Ssh | None = None
     ssh_public_keys: Path | None = None
 

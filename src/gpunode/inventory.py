@@ -49,6 +49,8 @@ def _node_vars(host: Host) -> dict[str, Any]:
         "gpunode_node_control_nodes": [path for path, when in CONTROL_NODES if when == "always"],
         "gpunode_node_optional_nodes": [path for path, when in CONTROL_NODES if when != "always"],
         "gpunode_driver_version": host.driver.version,
+        "gpunode_driver_installer": host.driver.installer.model_dump(mode="json"),
+        "gpunode_gpu_handoff": host.container.gpu_handoff,
         "gpunode_image_tag": image_tag(host.image),
         "gpunode_image_pins": host.image.pins.model_dump(),
         "gpunode_model_id": host.model.id,
