@@ -144,6 +144,43 @@ def provision(
 
 
 @app.command()
+def check(
+    path: HostFileArg,
+    layers: Annotated[Optional[list[str]], typer.Option("--layer", help="only these layers (comma list)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+) -> None:
+    """Is this node right? testinfra checks by layer: host, container, inside, image, server, p2p.
+
+    Exit codes: 0 every check passed (pending ones wait for a reload or reboot), 1 a check failed,
+    2 bad input.
+    """
+    from gpunode.checks import LAYERS
+
+    hf = _load(path)
+    chosen = _split(layers)
+    unknown = [layer for layer in chosen if layer not in LAYERS]
+    if unknown:
+        _die(2, [f"unknown layer {layer!r} (layers: {', '.join(LAYERS)})" for layer in unknown])
+
+    from rich.console import Console
+
+    from gpunode.check import as_json as report_json
+    from gpunode.check import render, run_checks
+    from gpunode.runner import SecretUnavailable, secret_files
+
+    try:
+        with secret_files(hf) as secrets:
+            report = run_checks(hf, secrets, chosen or None)
+    except SecretUnavailable as exc:
+        _die(2, [f"{path}: {exc}"])
+    if as_json:
+        typer.echo(report_json(report))
+    else:
+        render(report, Console(highlight=False, soft_wrap=True))
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
 def p2p(
     path: Annotated[Optional[Path], typer.Argument(help="host file for the expectations (p2p:, --tp-size)")] = None,
     host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,

@@ -1,0 +1,12 @@
+"""Node state checks, written for pytest-testinfra (one named test per fact, per layer).
+
+Run by `gpunode check host.yml`, or by plain pytest against real nodes with the inventory that
+gpunode writes (every expectation travels in its host variables)::
+
+    pytest src/gpunode/checks --hosts='ansible://all' --ansible-inventory=INVENTORY
+"""
+
+from pathlib import Path
+
+CHECKS_DIR = Path(__file__).resolve().parent
+LAYERS = ("host", "container", "inside", "image", "server", "p2p")

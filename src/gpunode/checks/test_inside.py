@@ -1,0 +1,87 @@
+"""Layer inside: the GPU container's OS, device nodes, Docker, the GPU hand-off, user space."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpunode.node.userspace import installed_versions, module_version
+
+CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+FIX_CONTAINER = "run `gpunode provision --tags container` (devN changes need --restart-container)"
+
+
+def test_debian_12_with_systemd(gpu_node: Any) -> None:
+    assert gpu_node.system_info.distribution == "debian" and gpu_node.system_info.release.startswith("12"), \
+        f"{gpu_node.system_info.distribution} {gpu_node.system_info.release}: recreate from a debian-12 template"
+    assert gpu_node.file("/proc/1/comm").content_string.strip() == "systemd"
+
+
+def _selected(hostvars: dict[str, Any], devices: dict[str, Any]) -> list[str]:
+    gpus = hostvars["gpunode_node_gpus"]
+    return devices["gpus"] if gpus == "all" else [f"/dev/nvidia{minor}" for minor in gpus]
+
+
+def test_gpu_nodes_present(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> None:
+    wrong = []
+    for path in _selected(hostvars, node_devices):
+        entry = node_devices["devices"].get(path)
+        if not entry or not entry["char"] or (entry["major"], entry["minor"]) != (195, int(path[11:])):
+            wrong.append(path)
+    assert not wrong, f"missing or wrong inside the container: {', '.join(wrong)} -> {FIX_CONTAINER}"
+
+
+@pytest.mark.parametrize("path", CONTROL)
+def test_control_node_present(path: str, gpu_node: Any, node_devices: dict[str, Any]) -> None:
+    entry = node_devices["devices"].get(path)
+    assert entry and entry["char"], f"{path} missing inside the container -> {FIX_CONTAINER}"
+
+
+def test_nodes_open_without_eperm(gpu_node: Any, node_devices: dict[str, Any]) -> None:
+    denied = [p for p, e in node_devices["devices"].items() if e["open_error"] in ("EPERM", "EACCES")]
+    assert not denied, f"the container's cgroup denies {', '.join(denied)} -> {FIX_CONTAINER}"
+
+
+def test_docker_running(gpu_node: Any) -> None:
+    assert gpu_node.service("docker").is_running, "Docker is not running: run `gpunode provision --tags node`"
+
+
+def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> None:
+    if not gpu_node.service("docker").is_running:
+        pytest.fail("Docker is not running: run `gpunode provision --tags node`")
+    if hostvars["gpunode_gpu_handoff"] == "nvidia-runtime":
+        args = "--runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=all"
+    else:
+        args = " ".join(f"--device={p}" for p, e in node_devices["devices"].items() if e["char"])
+    script = ("import os, json; print(json.dumps({'/dev/' + n: [os.major(os.stat('/dev/' + n).st_rdev), "
+              "os.minor(os.stat('/dev/' + n).st_rdev)] for n in os.listdir('/dev') if n.startswith('nvidia')}))")
+    result = gpu_node.run(f"docker run --rm {args} gpunode/probe:bookworm-1 python3 -c \"{script}\"")
+    assert result.rc == 0, f"a container with the GPU hand-off did not start: {result.stderr.strip()} -> " \
+                           "run `gpunode provision --tags node`"
+    seen = json.loads(result.stdout)
+    want = {p: [e["major"], e["minor"]] for p, e in node_devices["devices"].items() if e["char"]}
+    assert seen == want, f"a container sees {seen}, the LXC has {want} -> run `gpunode provision --tags node`"
+
+
+def test_userspace_matches_host_module(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    banner = gpu_node.file("/proc/driver/nvidia/version")
+    if not banner.exists:
+        if hostvars.get("gpunode_lab"):
+            pytest.skip("lab: no NVIDIA kernel module visible, so there is no user space to match")
+        pytest.fail("no NVIDIA kernel module visible: load the driver on the host (`gpunode provision --tags host`)")
+    module = module_version(banner.content_string)
+    libs = gpu_node.run("ls /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib 2>/dev/null").stdout.split()
+    installed = installed_versions(libs)
+    assert installed == [module], f"user space {installed or 'none'} != host module {module}: " \
+                                  "run `gpunode provision --tags node`"
+
+
+def test_node_record_matches(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    record = gpu_node.file("/etc/gpunode/node.json")
+    assert record.exists, "/etc/gpunode/node.json missing: run `gpunode provision --tags node`"
+    data = json.loads(record.content_string)
+    assert data["expected"]["image_tag"] == hostvars["gpunode_image_tag"], \
+        f"the node records image {data['expected']['image_tag']}, the host file means {hostvars['gpunode_image_tag']}: " \
+        "run `gpunode provision`"
