@@ -58,7 +58,7 @@ def test_container_config_matches(group: str, pve_host: Any, api: PveClient, hos
     ct = _converger(api, hostvars)
     if not ct.exists():
         pytest.fail("container missing: run `gpunode provision --tags container`")
-    changes = [c for c in lxc.compare(ct.config(), desired) if lxc.DEV_KEY.match(c.key) == (group == "devices")]
+    changes = [c for c in lxc.compare(ct.config(), desired) if bool(lxc.DEV_KEY.match(c.key)) == (group == "devices")]
     assert not changes, "differs from the host file: " + "; ".join(
         f"{c.key}: live {c.before!r}, want {c.after!r}" for c in changes) + \
         " -> run `gpunode provision --tags container` (devN changes need --restart-container)"

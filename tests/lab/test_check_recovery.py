@@ -1,0 +1,140 @@
+"""Break the lab node, see `gpunode check` name the breakage, re-provision, see check pass.
+
+Each scenario breaks one thing the way an operator or an accident would, on the real lab
+(fakepve for the API, the LXC containers for the host and the node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import gpunode.lab as lab
+from gpunode.pve.client import Connection, PveClient
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
+
+
+def api() -> PveClient:
+    return PveClient(Connection(url=lab.PVE_URL, node=lab.PVE_NODE, password=lab.PVE_PASSWORD_FILE.read_text().strip(),
+                                ca_file=str(lab.PVE_CA)))
+
+
+def on(ip: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lab.ssh_command(command, host=ip), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def stop_container() -> None:
+    api().call("POST", "nodes/pve1/lxc/200/status/stop")
+
+
+def remove_devn() -> None:
+    api().call("PUT", "nodes/pve1/lxc/200/config", delete="dev1")
+
+
+def remove_hmm_option() -> None:
+    on(lab.HOST_CONTAINER_IP, "rm -f /etc/modprobe.d/gpunode-nvidia-uvm.conf")
+
+
+def stop_docker() -> None:
+    on(lab.CONTAINER_IP, "systemctl stop docker docker.socket")
+
+
+def remove_probe_image() -> None:
+    on(lab.CONTAINER_IP, "docker rmi -f gpunode/probe:bookworm-1")
+
+
+def edit_node_record() -> None:
+    on(lab.CONTAINER_IP, "sed -i 's/gpunode\\/sglang:[^\"]*/gpunode\\/sglang:edited-by-hand/' /etc/gpunode/node.json")
+
+
+def disable_node_unit() -> None:
+    on(lab.HOST_CONTAINER_IP, "systemctl disable gpunode-nvidia-nodes.service")
+
+
+def hand_gpus_back_to_vfio() -> None:
+    on(lab.HOST_CONTAINER_IP, "echo 'options vfio-pci ids=10de:2bb1' > /etc/modprobe.d/vfio.conf")
+
+
+SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
+    ("container-stopped", stop_container, "container", "test_container_running"),
+    ("devn-removed", remove_devn, "container", "test_container_config_matches[devices]"),
+    ("hmm-option-removed", remove_hmm_option, "host", "test_hmm_option_configured"),
+    ("docker-stopped", stop_docker, "inside", "test_docker_running"),
+    ("probe-image-removed", remove_probe_image, "inside", "test_gpu_handoff_to_docker"),
+    ("node-record-edited", edit_node_record, "inside", "test_node_record_matches"),
+    ("node-unit-disabled", disable_node_unit, "host", "test_device_node_unit_enabled"),
+    ("gpus-back-on-vfio", hand_gpus_back_to_vfio, "host", "test_no_nvidia_ids_left_for_vfio"),
+]
+
+
+def check(gpunode) -> tuple[int, dict]:
+    result = gpunode("check", str(LAB_HOSTS), "--json", timeout=600)
+    return result.returncode, json.loads(result.stdout)
+
+
+def failing(report: dict) -> set[tuple[str, str]]:
+    return {(r["layer"], r["check"]) for r in report["results"] if r["status"] == "fail"}
+
+
+@pytest.fixture(scope="module")
+def converged(gpunode_module) -> None:
+    result = gpunode_module("provision", str(LAB_HOSTS), timeout=900)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("name,breakage,layer,check_name", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, name: str,
+                                                 breakage: Callable[[], None], layer: str, check_name: str) -> None:
+    rc, healthy = check(gpunode)
+    assert rc == 0, failing(healthy)
+    breakage()
+    rc, broken = check(gpunode)
+    assert rc == 1
+    assert (layer, check_name) in failing(broken), failing(broken)
+    message = next(r["message"] for r in broken["results"] if (r["layer"], r["check"]) == (layer, check_name))
+    assert "gpunode provision" in message, "the failure names the remedy"
+    repaired = gpunode("provision", str(LAB_HOSTS), "--json", timeout=900)
+    assert repaired.returncode == 0, repaired.stderr
+    assert sum(json.loads(repaired.stdout)["stats"].get("changed", {}).values()) >= 1
+    rc, after = check(gpunode)
+    assert rc == 0, failing(after)
+
+
+def test_healthy_node_reprovisioned_changes_nothing(gpunode, converged: None) -> None:
+    result = gpunode("provision", str(LAB_HOSTS), "--json", timeout=900)
+    assert result.returncode == 0
+    assert not json.loads(result.stdout)["stats"].get("changed"), "a healthy node was changed"
+
+
+def test_interrupted_provision_then_rerun_converges(gpunode, converged: None, tmp_path: Path) -> None:
+    stop_docker()
+    on(lab.CONTAINER_IP, "rm -f /etc/gpunode/node.json")
+    env = {**os.environ, "GPUNODE_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([str(Path(os.sys.executable).parent / "gpunode"), "provision", str(LAB_HOSTS)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    # Kill it mid-run: once the node stage has started.
+    deadline = time.monotonic() + 300
+    seen = ""
+    while time.monotonic() < deadline and "== node:" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert "== node:" in seen, seen[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    rerun = gpunode("provision", str(LAB_HOSTS), "--json", timeout=900)
+    assert rerun.returncode == 0, rerun.stderr
+    rc, report = check(gpunode)
+    assert rc == 0, failing(report)
