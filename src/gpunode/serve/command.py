@@ -1,0 +1,160 @@
+"""``gpunode serve host.yml``: start the SGLang server container on the node and wait until it
+serves, showing its startup phases; on failure, say why and what fixes it.
+
+Exit codes:
+
+== =====================================================================================
+0  the server is ready (``/health_generate`` answered 200)
+1  the server did not become ready: it exited (diagnosed from its log, container stopped
+   so that it does not restart in a loop), Docker refused it, or the timeout passed
+2  bad input: the profile or the API key's SecretRef cannot be read
+4  environment: the Docker daemon cannot be reached, or no way to hand the GPUs in
+== =====================================================================================
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+from rich.console import Console
+
+from gpunode import plan, profiles
+from gpunode.hostfile import Host
+from gpunode.serve import docker_run, readiness
+from gpunode.serve import spec as specs
+from gpunode.serve.diagnose import Diagnosis
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ENVIRONMENT = 4
+DEFAULT_TIMEOUT_S = 3600.0  # a cold load of ~410-453 GB plus autotune can take tens of minutes
+
+
+@dataclass
+class ServeOutcome:
+    exit_code: int
+    start: docker_run.StartResult | None = None
+    readiness: readiness.Readiness | None = None
+    diagnosis: Diagnosis | None = None
+    messages: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "start": self.start.as_dict() if self.start else None,
+                "readiness": self.readiness.as_dict() if self.readiness else None,
+                "diagnosis": self.diagnosis.as_dict() if self.diagnosis else None, "messages": self.messages}
+
+
+def is_local_daemon(docker_url: str | None) -> bool:
+    return docker_url is None or docker_url.startswith("unix://")
+
+
+def probe_address(bind: str) -> str:
+    """Where to reach a server bound to ``bind`` from the node itself."""
+    address = ipaddress.ip_address(bind)
+    if address.is_unspecified:
+        return "127.0.0.1" if address.version == 4 else "[::1]"
+    return f"[{bind}]" if address.version == 6 else bind
+
+
+def connect(docker_url: str | None) -> docker.DockerClient:
+    client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+    client.ping()
+    return client
+
+
+def build_spec(host: Host, image_tag: str, handoff: specs.GpuHandoff, with_api_key: bool,
+               name: str = specs.CONTAINER_NAME, memlock_bytes: int = -1) -> dict[str, Any]:
+    launch = plan.server_launch(host)
+    return specs.container_spec(image=image_tag, argv=launch.argv, env=launch.env, model_dir=str(host.model.path),
+                                bind=host.server.bind, port=host.server.port, gpus=handoff,
+                                api_key=with_api_key, name=name, memlock_bytes=memlock_bytes)
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, markup=False, highlight=False)
+
+
+def _say_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
+    _say(console, f"server: FAILED: {diagnosis.title}")
+    if diagnosis.evidence:
+        _say(console, f"  log:  {diagnosis.evidence}")
+    _say(console, f"  fix:  {diagnosis.fix}")
+
+
+def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Console, timeout_s: float, *,
+              gpu_handoff: specs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
+              poll_s: float = readiness.POLL_S, name: str = specs.CONTAINER_NAME,
+              memlock_bytes: int = -1) -> ServeOutcome:
+    """``serve`` with its findings returned; ``gpu_handoff`` overrides detection and ``memlock_bytes``
+    the unlimited memlock (tests and labs on machines that cannot give it)."""
+    try:
+        plan.server_launch(host)
+        api_key = host.server.api_key.resolve() if host.server.api_key else None
+    except (profiles.ProfileError, LookupError, OSError) as exc:
+        # The message names the SecretRef or profile, never a secret's value.
+        _say(console, f"server: error: {exc}")
+        return ServeOutcome(EXIT_BAD_INPUT, messages=[str(exc)])
+    try:
+        client = connect(docker_url)
+        handoff = gpu_handoff or docker_run.choose_gpu_handoff(
+            client.info(), host.container.gpus, local=is_local_daemon(docker_url), dev_root=dev_root)
+    except docker.errors.DockerException as exc:
+        _say(console, f"server: error: Docker at {docker_url or 'the default socket'} is unreachable: {exc}")
+        return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])
+    except docker_run.ServeError as exc:
+        _say(console, f"server: error: {exc}")
+        return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])
+    secrets = (api_key,) if api_key else ()
+    spec = build_spec(host, image_tag, handoff, api_key is not None, name, memlock_bytes)
+    try:
+        start = docker_run.ensure_server(client, spec, api_key)
+    except docker_run.ServeError as exc:
+        if exc.diagnosis:
+            _say_diagnosis(console, exc.diagnosis)
+        else:
+            _say(console, f"server: error: {exc}")
+        return ServeOutcome(EXIT_FAILED, diagnosis=exc.diagnosis, messages=[str(exc)])
+    _say(console, f"server: {start.action} {start.name} {start.container_id[:12]} ({start.reason}); "
+                  f"image {image_tag}, GPUs via {handoff.kind}")
+    container = client.containers.get(start.container_id)
+    watched = docker_run.DockerServer(container)
+    probe: readiness.HealthProbe
+    if is_local_daemon(docker_url):
+        probe = readiness.HttpHealthProbe(f"http://{probe_address(host.server.bind)}:{host.server.port}")
+    else:
+        probe = docker_run.ExecHealthProbe(container, host.server.port)
+
+    def show(event: readiness.PhaseEvent) -> None:
+        _say(console, f"server: [{event.at_s:7.1f} s] {event.says()}")
+
+    try:
+        result = readiness.wait_ready(watched, probe, timeout_s=timeout_s, poll_s=poll_s, on_event=show,
+                                      secrets=secrets)
+    finally:
+        watched.close()
+    outcome = ServeOutcome(EXIT_OK if result.ready else EXIT_FAILED, start, result, result.diagnosis)
+    if result.ready:
+        _say(console, f"server: ready at http://{probe_address(host.server.bind)}:{host.server.port} "
+                      f"({result.elapsed_s:.1f} s)")
+        return outcome
+    assert result.diagnosis is not None
+    _say_diagnosis(console, result.diagnosis)
+    if result.exited:
+        # unless-stopped would restart a broken launch forever; stopped, it stays for `docker logs`.
+        docker_run.stop_quietly(container)
+        _say(console, f"server: container {start.name} stopped; its log: docker logs {start.name}")
+    else:
+        _say(console, f"server: not ready after {result.elapsed_s:.0f} s; the container is left running "
+                      f"(phase: {result.phase})")
+    return outcome
+
+
+def serve(host: Host, image_tag: str, docker_url: str | None, console: Console,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Start (or keep) the server for ``host`` from ``image_tag`` and wait until it serves."""
+    return run_serve(host, image_tag, docker_url, console, timeout_s).exit_code

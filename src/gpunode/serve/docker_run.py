@@ -1,0 +1,317 @@
+"""Start the server container through the Docker SDK, idempotently, and watch it.
+
+``ensure_server(client, spec, api_key)``: a container with the spec's name and config hash that is
+running is left alone (same id, not restarted); changed settings, or a changed API key, replace it;
+a stopped one with the same settings is started again. The API key goes in as a file written into
+the created container before it starts (``spec.API_KEY_CONFIG``), never through the spec.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import re
+import shutil
+import tarfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+from docker.models.containers import Container
+
+from gpunode.serve import spec as specs
+from gpunode.serve.diagnose import Diagnosis, diagnose_docker_error
+from gpunode.serve.readiness import ProcessState
+
+Action = Literal["kept", "started", "created", "replaced"]
+NVIDIA_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+class ServeError(Exception):
+    """Docker refused the container; ``diagnosis`` says why and what to do, when known."""
+
+    def __init__(self, message: str, diagnosis: Diagnosis | None = None) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis
+
+
+@dataclass(frozen=True)
+class StartResult:
+    action: Action
+    container_id: str
+    name: str
+    reason: str
+    config_hash: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"action": self.action, "container_id": self.container_id, "name": self.name,
+                "reason": self.reason, "config_hash": self.config_hash}
+
+
+# ----------------------------------------------------------------------------- GPUs
+def gpu_node_paths(dev_root: Path, gpus: str | list[int]) -> list[str]:
+    """The NVIDIA device nodes present under ``dev_root``: the selected /dev/nvidiaN, then the
+    control nodes, then MIG capability nodes. Missing selected GPUs are simply absent here; the
+    caller compares."""
+    paths: list[str] = []
+    if isinstance(gpus, str):  # "all"
+        minors = sorted(int(p.name[6:]) for p in dev_root.glob("nvidia[0-9]*") if p.name[6:].isdigit())
+    else:
+        minors = list(gpus)
+    paths.extend(str(dev_root / f"nvidia{m}") for m in minors if (dev_root / f"nvidia{m}").exists())
+    paths.extend(str(dev_root / name) for name in NVIDIA_CONTROL_NODES if (dev_root / name).exists())
+    caps = dev_root / "nvidia-caps"
+    if caps.is_dir():
+        paths.extend(str(p) for p in sorted(caps.iterdir()))
+    return paths
+
+
+def choose_gpu_handoff(info: Mapping[str, Any], gpus: str | list[int], *, local: bool,
+                       dev_root: Path = Path("/dev")) -> specs.GpuHandoff:
+    """The NVIDIA runtime when Docker can use it (``--gpus``), else the device nodes found on this
+    machine (only possible when the Docker daemon is local)."""
+    runtimes = info.get("Runtimes") or {}
+    if "nvidia" in runtimes or (local and shutil.which("nvidia-container-runtime-hook")):
+        return specs.GpuHandoff.runtime(gpus)
+    if not local:
+        raise ServeError("the remote Docker daemon has no NVIDIA runtime, and device nodes can only be found "
+                         "when the daemon is local: install nvidia-container-toolkit on the node")
+    paths = gpu_node_paths(dev_root, gpus)
+    found = {Path(p).name for p in paths}
+    wanted = ([f"nvidia{g}" for g in gpus] if gpus != "all" else []) + ["nvidiactl", "nvidia-uvm"]
+    missing = [name for name in wanted if name not in found]
+    if missing or not any(n[6:].isdigit() for n in found):
+        raise ServeError(f"no NVIDIA runtime in Docker and device nodes missing under {dev_root}: "
+                         f"{', '.join(missing) or 'no /dev/nvidiaN'}; run the node stage (or install "
+                         "nvidia-container-toolkit)")
+    return specs.GpuHandoff.device_nodes(paths, str(dev_root))
+
+
+# ----------------------------------------------------------------------------- containers
+def find_container(client: docker.DockerClient, name: str) -> Container | None:
+    try:
+        return client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+
+
+def changed_settings(container: Container, spec: Mapping[str, Any]) -> list[str]:
+    """Which top-level settings differ from the running container's label (all, if it has none)."""
+    labels = container.labels or {}
+    if labels.get(specs.LABEL_HASH) == spec["labels"][specs.LABEL_HASH]:
+        return []
+    try:
+        old = json.loads(labels.get(specs.LABEL_CONFIG, ""))
+        new = json.loads(spec["labels"][specs.LABEL_CONFIG])
+    except ValueError:
+        return ["settings (the container was not made by gpunode serve)"]
+    return sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key)) or ["settings"]
+
+
+def _file_from_archive(chunks: Any) -> bytes | None:
+    data = b"".join(chunks)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                handle = tar.extractfile(member)
+                return handle.read() if handle else None
+    return None
+
+
+def api_key_matches(container: Container, api_key: str | None) -> bool:
+    """Whether the key file in the container holds this key (compared in constant time)."""
+    if api_key is None:
+        return True  # whether a key file is used at all is part of the command, hence of the hash
+    try:
+        chunks, _stat = container.get_archive(specs.API_KEY_CONFIG)
+        content = _file_from_archive(chunks)
+    except docker.errors.NotFound:
+        return False
+    return content is not None and hmac.compare_digest(content, specs.api_key_file_content(api_key))
+
+
+def _key_archive(api_key: str) -> bytes:
+    buf = io.BytesIO()
+    path = specs.API_KEY_CONFIG.lstrip("/")
+    content = specs.api_key_file_content(api_key)
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            folder = tarfile.TarInfo("/".join(parts[:depth]))
+            folder.type = tarfile.DIRTYPE
+            folder.mode = 0o755 if depth == 1 else 0o700
+            tar.addfile(folder)
+        info = tarfile.TarInfo(path)
+        info.size = len(content)
+        info.mode = 0o400
+        tar.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+def _docker_failure(exc: docker.errors.DockerException, spec: Mapping[str, Any]) -> ServeError:
+    message = getattr(exc, "explanation", None) or str(exc)
+    source = spec["mounts"][0]["Source"] if spec.get("mounts") else ""
+    diagnosis = diagnose_docker_error(str(message), model_path=source, image=str(spec.get("image", "")))
+    return ServeError(f"Docker refused the server container: {message}", diagnosis)
+
+
+def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], api_key: str | None) -> Container:
+    try:
+        container = client.containers.create(**spec)
+    except docker.errors.DockerException as exc:
+        raise _docker_failure(exc, spec) from exc
+    try:
+        if api_key is not None and not container.put_archive("/", _key_archive(api_key)):
+            raise ServeError("could not write the API key file into the container")
+        container.start()
+    except (docker.errors.DockerException, ServeError) as exc:
+        container.remove(force=True)
+        if isinstance(exc, ServeError):
+            raise
+        raise _docker_failure(exc, spec) from exc
+    container.reload()
+    return container
+
+
+def remove_container(container: Container, stop_timeout_s: int = 30) -> None:
+    """Stop gracefully (sglang frees GPU memory on SIGTERM), then remove."""
+    try:
+        container.stop(timeout=stop_timeout_s)
+    except docker.errors.APIError:
+        pass
+    container.remove(force=True)
+
+
+def stop_quietly(container: Container, timeout_s: int = 10) -> None:
+    """Stop a container that failed, leaving it (and its log) in place."""
+    try:
+        container.stop(timeout=timeout_s)
+    except docker.errors.APIError:
+        pass
+
+
+def ensure_server(client: docker.DockerClient, spec: Mapping[str, Any], api_key: str | None = None,
+                  stop_timeout_s: int = 30) -> StartResult:
+    """Make the server container match ``spec``; see the module docstring for what it decides."""
+    name = spec["name"]
+    wanted = spec["labels"][specs.LABEL_HASH]
+    current = find_container(client, name)
+    if current is None:
+        made = create_and_start(client, spec, api_key)
+        return StartResult("created", made.id, name, "no server container yet", wanted)
+    differs = changed_settings(current, spec)
+    key_ok = api_key_matches(current, api_key)
+    if not differs and key_ok:
+        current.reload()
+        if current.status in ("running", "restarting"):
+            return StartResult("kept", current.id, name, "same settings, already running", wanted)
+        try:
+            current.start()
+        except docker.errors.DockerException as exc:
+            raise _docker_failure(exc, spec) from exc
+        return StartResult("started", current.id, name, f"same settings; it was {current.status}", wanted)
+    reason = "changed: " + ", ".join(differs) if differs else "changed: the API key"
+    if differs and not key_ok:
+        reason += ", the API key"
+    remove_container(current, stop_timeout_s)
+    made = create_and_start(client, spec, api_key)
+    return StartResult("replaced", made.id, name, reason, wanted)
+
+
+# ----------------------------------------------------------------------------- watching
+def started_at(container: Container) -> float | None:
+    """When the container's current run began (epoch seconds), from State.StartedAt."""
+    text = str(container.attrs.get("State", {}).get("StartedAt") or "")
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", text)
+    if not match or text.startswith("0001-"):
+        return None
+    whole = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return whole + float(match.group(2) or 0.0)
+
+
+class DockerServer:
+    """A started server container seen through readiness.ServerHandle: its state from inspect,
+    its log followed by a background reader. Only the current run's log counts (``since`` its
+    start): a container started again keeps the lines of its earlier runs, which must not be read
+    as this run's phases or failure."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+        self.since = started_at(container)
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._stream = container.logs(stream=True, follow=True, stdout=True, stderr=True, since=self.since)
+        self._reader = threading.Thread(target=self._follow, daemon=True)
+        self._reader.start()
+
+    def _follow(self) -> None:
+        partial = ""
+        try:
+            for chunk in self._stream:
+                partial += chunk.decode("utf-8", errors="replace")
+                *complete, partial = partial.split("\n")
+                with self._lock:
+                    self._lines.extend(complete)
+        except (docker.errors.DockerException, OSError, ValueError):
+            pass  # the stream breaks when the container stops or the reader is closed: nothing to read
+        if partial:
+            with self._lock:
+                self._lines.append(partial)
+
+    def new_log_lines(self) -> list[str]:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        return lines
+
+    def state(self) -> ProcessState:
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return ProcessState(running=False, status="removed")
+        state = self.container.attrs.get("State", {})
+        running = state.get("Status") == "running" and not state.get("Restarting")
+        return ProcessState(running=running, exit_code=None if running else state.get("ExitCode"),
+                            restarts=int(self.container.attrs.get("RestartCount", 0)),
+                            oom_killed=bool(state.get("OOMKilled")), status=str(state.get("Status", "")))
+
+    def log_text(self, tail: int = 400) -> str:
+        try:
+            data: bytes = self.container.logs(stdout=True, stderr=True, tail=tail, since=self.since)
+            return data.decode("utf-8", errors="replace")
+        except docker.errors.NotFound:
+            return ""
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except (OSError, AttributeError):
+            pass  # already closed with its container
+
+
+class ExecHealthProbe:
+    """GET /health_generate from inside the container, for a Docker daemon on another machine
+    (the published port is on that machine's loopback). Needs python3 in the image, as sglang has."""
+
+    def __init__(self, container: Container, port: int) -> None:
+        self.container = container
+        self.code = (
+            "import urllib.request, urllib.error\n"
+            "try:\n"
+            f"    print(urllib.request.urlopen('http://127.0.0.1:{port}/health_generate', timeout=25).status)\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    print(e.code)\n"
+            "except Exception:\n"
+            "    print(0)\n")
+
+    def __call__(self) -> int | None:
+        try:
+            result = self.container.exec_run(["python3", "-c", self.code])
+        except docker.errors.APIError:
+            return None
+        output = result.output.decode(errors="replace").strip() if result.output else ""
+        return int(output) if output.isdigit() and output != "0" else None

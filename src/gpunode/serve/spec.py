@@ -1,0 +1,166 @@
+"""The server container, as data: ``container_spec(...)`` returns the keyword arguments for
+``docker_client.containers.run`` (or ``.create``), with no Docker call made.
+
+Choices, each for a reason:
+
+* GPUs through the NVIDIA runtime (``device_requests``, as ``--gpus`` does) when Docker has it, else
+  the ``/dev/nvidia*`` nodes handed in one by one (``devices``); ``GpuHandoff`` says which.
+* ``ipc_mode="host"``: NCCL and torch multiprocessing share memory through /dev/shm, which the
+  node's is large enough for; a private /dev/shm (``shm_size``) is used only when IPC is not shared.
+* ulimits ``memlock`` unlimited (NCCL pins buffers) and ``stack`` 64 MiB (NCCL's own advice).
+* ``init=True``: sglang forks schedulers and a detokenizer; tini reaps them and passes signals on.
+* The model directory bind-mounted read-only at /model (a ``Mount``: a missing source is an error
+  rather than an empty directory Docker made up).
+* Port published on the host file's ``bind`` address only; inside its own network namespace the
+  server listens on 0.0.0.0, which nothing outside reaches except through that one binding.
+* The API key never appears in the command line, the environment or ``docker inspect``: sglang
+  0.5.9 reads it only as ``--api-key`` or from a ``--config`` YAML file (server_args.py,
+  server_args_config_parser.py), so the command says ``--config /run/gpunode/sglang-api-key.yaml``
+  and ``ensure_server`` writes that file into the container before starting it.
+* Restart ``unless-stopped``: the server comes back after the node reboots; a crash during
+  ``gpunode serve`` is caught and the container stopped, so a broken launch does not loop.
+* A label with a hash of all of the above: the same settings leave a running server alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+
+CONTAINER_NAME = "gpunode-sglang"
+LABEL_ROLE = "io.gpunode.role"
+LABEL_HASH = "io.gpunode.config-hash"
+LABEL_CONFIG = "io.gpunode.config"  # the hashed settings, readable, to say what changed
+ROLE = "sglang-server"
+MODEL_MOUNT = "/model"
+API_KEY_CONFIG = "/run/gpunode/sglang-api-key.yaml"  # sglang wants a .yaml/.yml suffix
+LISTEN_INSIDE = "0.0.0.0"
+STACK_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuHandoff:
+    """How the GPUs reach the container: the NVIDIA runtime, or device nodes handed in."""
+
+    kind: Literal["runtime", "devices"]
+    device_ids: tuple[str, ...] = ()  # runtime: which GPUs; empty means all
+    nodes: tuple[tuple[str, str], ...] = ()  # devices: (path on the node, path in the container)
+
+    @classmethod
+    def runtime(cls, gpus: str | Sequence[int]) -> GpuHandoff:
+        return cls("runtime", () if gpus == "all" else tuple(str(g) for g in gpus))
+
+    @classmethod
+    def device_nodes(cls, paths: Sequence[str], dev_root: str = "/dev") -> GpuHandoff:
+        """Each node keeps its name under /dev inside (a lab keeps its nodes outside /dev)."""
+        root = PurePosixPath(dev_root)
+        pairs = []
+        for path in paths:
+            inside = PurePosixPath("/dev") / PurePosixPath(path).relative_to(root)
+            pairs.append((path, str(inside)))
+        return cls("devices", nodes=tuple(pairs))
+
+    def docker_kwargs(self) -> dict[str, Any]:
+        if self.kind == "runtime":
+            request = (DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]]) if self.device_ids
+                       else DeviceRequest(count=-1, capabilities=[["gpu"]]))
+            return {"device_requests": [request]}
+        return {"devices": [f"{outside}:{inside}:rwm" for outside, inside in self.nodes]}
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    name: Literal["unless-stopped", "on-failure", "no"] = "unless-stopped"
+    max_retries: int = 0  # on-failure only
+
+    def docker_kwargs(self) -> dict[str, Any]:
+        policy: dict[str, Any] = {"Name": self.name}
+        if self.name == "on-failure":
+            policy["MaximumRetryCount"] = self.max_retries
+        return {"restart_policy": policy}
+
+
+def container_argv(argv: Sequence[str], with_api_key_config: bool) -> list[str]:
+    """The launch argv as the container runs it: listen on every address of the container's own
+    namespace (Docker publishes only the host file's address), no ``--api-key`` value on the
+    command line, and ``--config`` pointing at the key file when there is a key."""
+    if with_api_key_config and "--config" in argv:
+        raise ValueError("--config is taken by the API key file: sglang 0.5.9 reads only one config file")
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--api-key":
+            next(args, None)  # the plan's placeholder or a value: neither belongs on the command line
+        elif arg == "--host":
+            next(args, None)
+            out.extend(["--host", LISTEN_INSIDE])
+        else:
+            out.append(arg)
+    if with_api_key_config:
+        out.extend(["--config", API_KEY_CONFIG])
+    return out
+
+
+def config_hash(spec: Mapping[str, Any]) -> str:
+    """sha256 of the spec's settings (labels excluded), in a stable JSON form."""
+    return hashlib.sha256(canonical(spec).encode()).hexdigest()
+
+
+def canonical(spec: Mapping[str, Any]) -> str:
+    settings = {key: value for key, value in spec.items() if key not in ("labels", "detach")}
+    return json.dumps(settings, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def container_spec(
+    *,
+    image: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    model_dir: str,
+    bind: str,
+    port: int,
+    gpus: GpuHandoff,
+    api_key: bool = False,
+    name: str = CONTAINER_NAME,
+    restart: RestartPolicy = RestartPolicy(),
+    ipc_mode: str = "host",
+    shm_size: str = "32g",
+    log_max_size: str = "100m",
+    memlock_bytes: int = -1,
+) -> dict[str, Any]:
+    """kwargs for ``client.containers.run(**spec)``; ``api_key`` says whether a key file is used
+    (its value never enters the spec). ``memlock_bytes`` -1 is unlimited; a lower cap is only for a
+    Docker that may not raise it (a machine that is itself a container without CAP_SYS_RESOURCE)."""
+    spec: dict[str, Any] = {
+        "image": image,
+        "command": container_argv(argv, api_key),
+        "name": name,
+        "detach": True,
+        "environment": dict(sorted(env.items())),
+        "mounts": [Mount(target=MODEL_MOUNT, source=str(model_dir), type="bind", read_only=True)],
+        "ports": {f"{port}/tcp": (bind, port)},
+        "ipc_mode": ipc_mode,
+        "ulimits": [Ulimit(name="memlock", soft=memlock_bytes, hard=memlock_bytes),
+                    Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES)],
+        "init": True,
+        "log_config": LogConfig(type="json-file", config={"max-size": log_max_size, "max-file": "3"}),
+        **gpus.docker_kwargs(),
+        **restart.docker_kwargs(),
+    }
+    if ipc_mode != "host":
+        spec["shm_size"] = shm_size
+    settings = canonical(spec)
+    spec["labels"] = {LABEL_ROLE: ROLE, LABEL_HASH: config_hash(spec), LABEL_CONFIG: settings}
+    return spec
+
+
+def api_key_file_content(key: str) -> bytes:
+    """The --config file: a mapping sglang merges into its arguments. JSON is valid YAML, and
+    json.dumps quotes any character a key may hold."""
+    return (json.dumps({"api-key": key}) + "\n").encode()

@@ -1,0 +1,196 @@
+"""The real container path with real Docker: ``run_serve`` (the same spec builder and command line as
+the real server; only the image differs: a small Debian image whose ``sglang.launch_server`` is the
+fake) started, proved ready, re-run without a restart, replaced on change, diagnosed on a crash."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from rich.console import Console
+
+from gpunode import hostfile
+from gpunode.hostfile import Host
+from gpunode.serve import docker_run
+from gpunode.serve import spec as specs
+from gpunode.serve.command import ServeOutcome, run_serve
+from gpunode.smoke import bench
+from gpunode.smoke.command import smoke
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.process import free_port, model_dir  # noqa: E402 - tests/ put on the path just above
+
+pytestmark = pytest.mark.docker
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.yml"
+QUICK = {"FAKE_SGLANG_LOAD_S": "0.3", "FAKE_SGLANG_AUTOTUNE_S": "0.1", "FAKE_SGLANG_WARMUP_S": "0.3"}
+
+
+def gpu_nodes(root: Path) -> specs.GpuHandoff:
+    """Character devices with the NVIDIA numbers, handed in one by one (Docker has no NVIDIA runtime here)."""
+    dev = root / "dev"
+    dev.mkdir()
+    numbers = {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidiactl": (195, 255), "nvidia-uvm": (511, 0)}
+    try:
+        for name, (major, minor) in numbers.items():
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    return specs.GpuHandoff.device_nodes([str(dev / name) for name in numbers], str(dev))
+
+
+def lab_host(root: Path, **server: Any) -> Host:
+    host = hostfile.load(EXAMPLE).hosts[0]
+    settings = {"port": free_port(), "flags": {"--tp-size": 2}, "env": dict(QUICK), **server}
+    return host.model_copy(update={
+        "container": host.container.model_copy(update={"gpus": [0, 1]}),
+        "model": host.model.model_copy(update={"path": model_dir(root)}),
+        "server": host.server.model_copy(update=settings),
+    })
+
+
+MEMLOCK = {"bytes": -1}  # set per session by the autouse fixture below
+
+
+@pytest.fixture(autouse=True)
+def _memlock(memlock_bytes: int) -> None:
+    MEMLOCK["bytes"] = memlock_bytes
+
+
+def start(host: Host, image: str, name: str, handoff: specs.GpuHandoff, timeout_s: float = 60,
+          memlock: int | None = None) -> tuple[ServeOutcome, str]:
+    console = Console(file=io.StringIO(), width=200)
+    outcome = run_serve(host, image, None, console, timeout_s, gpu_handoff=handoff, name=name,
+                        memlock_bytes=MEMLOCK["bytes"] if memlock is None else memlock)
+    return outcome, console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient, fake_image: str,
+                                            container_name: str, tmp_path: Path) -> None:
+    handoff = gpu_nodes(tmp_path)
+    host = lab_host(tmp_path)
+    first, said = start(host, fake_image, container_name, handoff)
+    assert first.exit_code == 0, said
+    assert first.start is not None and first.start.action == "created"
+    assert first.readiness is not None and [e.phase for e in first.readiness.events][-3:] == ["http", "fired_up", "ready"]
+    assert "loading weights" in said and "ready at http://127.0.0.1:" in said
+
+    container = docker_client.containers.get(container_name)
+    attrs = container.attrs
+    started_at = attrs["State"]["StartedAt"]
+    config, host_config = attrs["Config"], attrs["HostConfig"]
+    assert config["Cmd"][:3] == ["python3", "-m", "sglang.launch_server"]
+    assert host_config["IpcMode"] == "host" and host_config["Init"] is True
+    assert host_config["RestartPolicy"]["Name"] == "unless-stopped"
+    assert {u["Name"]: u["Soft"] for u in host_config["Ulimits"]} == {"memlock": MEMLOCK["bytes"],
+                                                                       "stack": 64 * 1024 * 1024}
+    port = host.server.port
+    assert host_config["PortBindings"] == {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
+    (mount,) = attrs["Mounts"]
+    assert mount["Destination"] == "/model" and mount["RW"] is False
+    # The device nodes arrive with NVIDIA's numbers (195 = 0xc3).
+    assert container.exec_run(["stat", "-c", "%t:%T", "/dev/nvidia1"]).output.decode().strip() == "c3:1"
+    assert config["Env"] and "HF_HUB_OFFLINE=1" in config["Env"]
+
+    again, said = start(host, fake_image, container_name, handoff)
+    assert again.exit_code == 0 and again.start is not None and again.start.action == "kept", said
+    assert again.start.container_id == first.start.container_id
+    container.reload()
+    assert container.attrs["State"]["StartedAt"] == started_at and container.attrs["RestartCount"] == 0
+
+    # Stopped with the same settings: started again; only this run's log is read.
+    container.stop(timeout=5)
+    restarted, said = start(host, fake_image, container_name, handoff)
+    assert restarted.exit_code == 0 and restarted.start is not None and restarted.start.action == "started", said
+    container.reload()
+    assert container.logs().decode().count("server_args=") == 2
+    watched = docker_run.DockerServer(container)
+    try:
+        assert watched.log_text().count("server_args=") == 1
+    finally:
+        watched.close()
+
+    changed = lab_host(tmp_path, port=port, flags={"--tp-size": 2, "--max-running-requests": 512})
+    replaced, said = start(changed, fake_image, container_name, handoff)
+    assert replaced.exit_code == 0 and replaced.start is not None and replaced.start.action == "replaced", said
+    assert replaced.start.container_id != first.start.container_id and "command" in replaced.start.reason
+    assert len(docker_client.containers.list(all=True, filters={"name": container_name})) == 1
+
+
+def test_api_key_file_smoke_and_key_change(docker_client: docker.DockerClient, fake_image: str,
+                                           container_name: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUNODE_TEST_API_KEY", "docker-key-4f2a9")
+    host = lab_host(tmp_path, api_key=hostfile.SecretRef(env="GPUNODE_TEST_API_KEY"))
+    handoff = gpu_nodes(tmp_path)
+    outcome, said = start(host, fake_image, container_name, handoff)
+    assert outcome.exit_code == 0, said
+    container = docker_client.containers.get(container_name)
+    inspected = str(container.attrs)
+    assert "docker-key-4f2a9" not in inspected and "docker-key-4f2a9" not in said
+    assert container.attrs["Config"]["Cmd"][-2:] == ["--config", specs.API_KEY_CONFIG]
+    # The server read the key from the file: no key, 401; the key, every check passes.
+    url = f"http://127.0.0.1:{host.server.port}"
+    runner = bench.DockerBenchRunner(docker_client, fake_image, str(host.model.path))
+    out = io.StringIO()
+    assert smoke(url, "glm-5", "docker-key-4f2a9", runner, True, out) == 0, out.getvalue()
+    assert "docker-key-4f2a9" not in out.getvalue()
+    assert smoke(url, "glm-5", None, None, True, io.StringIO()) == 1
+    assert not docker_client.containers.list(all=True, filters={"label": "io.gpunode.role=sglang-bench"})
+    # The exec probe (a remote daemon's way) sees the same readiness.
+    assert docker_run.ExecHealthProbe(container, host.server.port)() == 200
+
+    monkeypatch.setenv("GPUNODE_TEST_API_KEY", "another-key-77")
+    replaced, said = start(host, fake_image, container_name, handoff)
+    assert replaced.start is not None and replaced.start.action == "replaced" and "API key" in replaced.start.reason
+    assert smoke(url, "glm-5", "another-key-77", None, True, io.StringIO()) == 0
+
+
+@pytest.mark.parametrize(("crash", "key"), [("oom", "cuda_oom"), ("cuinit", "cuda_init_hmm")])
+def test_crash_is_diagnosed_and_the_container_stopped(docker_client: docker.DockerClient, fake_image: str,
+                                                      container_name: str, tmp_path: Path, crash: str,
+                                                      key: str) -> None:
+    host = lab_host(tmp_path, env={**QUICK, "FAKE_SGLANG_CRASH": crash})
+    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    assert outcome.exit_code == 1 and outcome.readiness is not None and outcome.readiness.exited
+    assert outcome.diagnosis is not None and outcome.diagnosis.key == key, said
+    assert outcome.readiness.elapsed_s < 10
+    assert "fix:" in said and f"docker logs {container_name}" in said
+    container = docker_client.containers.get(container_name)
+    assert container.status == "exited"  # stopped: unless-stopped does not bring it back in a loop
+
+
+def test_missing_model_directory_is_refused_by_docker(docker_client: docker.DockerClient, fake_image: str,
+                                                      container_name: str, tmp_path: Path) -> None:
+    host = lab_host(tmp_path)
+    host = host.model_copy(update={"model": host.model.model_copy(update={"path": tmp_path / "no-such-model"})})
+    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    assert outcome.exit_code == 1 and outcome.diagnosis is not None
+    assert outcome.diagnosis.key == "model_missing" and "no-such-model" in said
+    assert not docker_client.containers.list(all=True, filters={"name": container_name})
+
+
+def test_empty_model_directory_fails_in_the_server(docker_client: docker.DockerClient, fake_image: str,
+                                                   container_name: str, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    host = lab_host(tmp_path)
+    host = host.model_copy(update={"model": host.model.model_copy(update={"path": empty})})
+    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "model_missing", said
+
+
+def test_unlimited_memlock_refused_is_diagnosed(docker_client: docker.DockerClient, fake_image: str,
+                                                container_name: str, tmp_path: Path, memlock_bytes: int) -> None:
+    if memlock_bytes == -1:
+        pytest.skip("this Docker can raise memlock to unlimited: nothing to refuse")
+    outcome, said = start(lab_host(tmp_path), fake_image, container_name, gpu_nodes(tmp_path), memlock=-1)
+    assert outcome.exit_code == 1 and outcome.diagnosis is not None
+    assert outcome.diagnosis.key == "memlock_not_permitted" and "privileged" in said
+    assert not docker_client.containers.list(all=True, filters={"name": container_name})

@@ -1,0 +1,106 @@
+"""Run the fake SGLang server as a local process, and watch it the way readiness watches a
+container (``gpunode.serve.readiness.ServerHandle``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from gpunode.serve.readiness import ProcessState
+
+from . import SERVER
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def model_dir(root: Path) -> Path:
+    """A model directory the fake accepts (it checks for config.json, as transformers would)."""
+    folder = root / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}')
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+class FakeProcess:
+    """The fake server as a child process with its stderr in a file."""
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=self._log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **env})
+        self._offset = 0
+        self._partial = ""
+
+    # readiness.ServerHandle
+    def state(self) -> ProcessState:
+        code = self.proc.poll()
+        return ProcessState(running=code is None, exit_code=code, status="running" if code is None else "exited")
+
+    def new_log_lines(self) -> list[str]:
+        with open(self.log_path, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        self._offset += len(data)
+        text = self._partial + data.decode("utf-8", errors="replace")
+        *lines, self._partial = text.split("\n")
+        return lines
+
+    def log_text(self, tail: int = 400) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def wait_port(port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"the fake server did not open port {port}")
+
+
+@contextmanager
+def fake_server(tmp: Path, *, served_name: str = "glm-5", api_key: str | None = None,
+                env: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
+                wait: bool = True) -> Iterator[tuple[FakeProcess, str]]:
+    """Start the fake (fast timings unless ``env`` says otherwise); yields it and its base URL."""
+    port = free_port()
+    args = ["--model-path", str(model_dir(tmp)), "--served-model-name", served_name, "--host", "127.0.0.1",
+            "--port", str(port), "--tp-size", "2", *extra_args]
+    if api_key:
+        args += ["--api-key", api_key]
+    quick = {"FAKE_SGLANG_LOAD_S": "0.05", "FAKE_SGLANG_AUTOTUNE_S": "0.01", "FAKE_SGLANG_WARMUP_S": "0.05",
+             "FAKE_SGLANG_HEALTH_TICK_S": "0.05", "FAKE_SGLANG_TOKEN_S": "0.001", "FAKE_SGLANG_TTFT_S": "0.002"}
+    process = FakeProcess(args, {**quick, **(env or {})}, tmp / f"fake-{port}.log")
+    try:
+        if wait:
+            wait_port(port)
+            deadline = time.monotonic() + 10
+            while "fired up" not in process.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        yield process, f"http://127.0.0.1:{port}"
+    finally:
+        process.stop()

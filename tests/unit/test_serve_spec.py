@@ -1,0 +1,144 @@
+"""container_spec: the server container as data, from the host file's plan, with no Docker call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpunode import hostfile, plan
+from gpunode.hostfile import Host
+from gpunode.serve import docker_run
+from gpunode.serve import spec as specs
+from gpunode.serve.command import build_spec, probe_address
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
+IMAGE = "gpunode/sglang:0.5.9-cu128-abcdef012345"
+RUNTIME = specs.GpuHandoff.runtime("all")
+
+
+@pytest.fixture
+def host() -> Host:
+    return hostfile.load(EXAMPLE).hosts[0]
+
+
+def with_server(host: Host, **changes: object) -> Host:
+    return host.model_copy(update={"server": host.server.model_copy(update=changes)})
+
+
+def test_spec_runs_the_plans_command_with_the_profile_env(host: Host) -> None:
+    spec = build_spec(host, IMAGE, RUNTIME, with_api_key=False)
+    launch = plan.server_launch(host)
+    assert spec["image"] == IMAGE and spec["name"] == "gpunode-sglang" and spec["detach"] is True
+    command = spec["command"]
+    assert command[:3] == ["python3", "-m", "sglang.launch_server"]
+    pairs = dict(zip(command, command[1:]))
+    assert pairs["--model-path"] == "/model" and pairs["--tp-size"] == "8" and pairs["--port"] == "30000"
+    # Inside its own network namespace it listens everywhere; Docker publishes only the bind address.
+    assert pairs["--host"] == "0.0.0.0"
+    assert spec["ports"] == {"30000/tcp": ("127.0.0.1", 30000)}
+    assert [a for a in command if a != "0.0.0.0"] == [a for a in launch.argv if a != "127.0.0.1"]
+    assert spec["environment"] == launch.env and spec["environment"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_spec_hands_gpus_shares_ipc_and_sizes_ulimits_for_nccl(host: Host) -> None:
+    spec = build_spec(host, IMAGE, RUNTIME, with_api_key=False)
+    assert spec["ipc_mode"] == "host" and "shm_size" not in spec
+    limits = {u["Name"]: (u["Soft"], u["Hard"]) for u in spec["ulimits"]}
+    assert limits == {"memlock": (-1, -1), "stack": (64 * 1024 * 1024, 64 * 1024 * 1024)}
+    assert spec["init"] is True
+    assert spec["restart_policy"] == {"Name": "unless-stopped"}
+    (request,) = spec["device_requests"]
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    (mount,) = spec["mounts"]
+    assert (mount["Source"], mount["Target"], mount["Type"], mount["ReadOnly"]) == (
+        "/models/GLM-5-NVFP4", "/model", "bind", True)
+    assert spec["log_config"]["Config"]["max-size"] == "100m"
+
+
+def test_gpu_handoff_variants() -> None:
+    chosen = specs.GpuHandoff.runtime([0, 3]).docker_kwargs()["device_requests"][0]
+    assert chosen["DeviceIDs"] == ["0", "3"] and chosen["Capabilities"] == [["gpu"]]
+    nodes = specs.GpuHandoff.device_nodes(["/var/lib/lab/dev/nvidia0", "/var/lib/lab/dev/nvidiactl",
+                                           "/var/lib/lab/dev/nvidia-caps/nvidia-cap1"], "/var/lib/lab/dev")
+    assert nodes.docker_kwargs() == {"devices": [
+        "/var/lib/lab/dev/nvidia0:/dev/nvidia0:rwm", "/var/lib/lab/dev/nvidiactl:/dev/nvidiactl:rwm",
+        "/var/lib/lab/dev/nvidia-caps/nvidia-cap1:/dev/nvidia-caps/nvidia-cap1:rwm"]}
+
+
+def test_private_ipc_gets_a_sized_shm_and_on_failure_a_max() -> None:
+    spec = specs.container_spec(image=IMAGE, argv=["python3", "-m", "x"], env={}, model_dir="/m", bind="127.0.0.1",
+                                port=1, gpus=RUNTIME, ipc_mode="private",
+                                restart=specs.RestartPolicy("on-failure", 3))
+    assert spec["shm_size"] == "32g" and spec["ipc_mode"] == "private"
+    assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
+
+
+def test_api_key_goes_through_a_config_file_never_the_spec(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_KEY", "s3cret-value")
+    exposed = with_server(host, bind="0.0.0.0", api_key=hostfile.SecretRef(env="SGLANG_KEY"))
+    spec = build_spec(exposed, IMAGE, RUNTIME, with_api_key=True)
+    assert "s3cret-value" not in json.dumps(spec, default=str)
+    command = spec["command"]
+    assert "--api-key" not in command  # the plan's placeholder is dropped too
+    assert command[-2:] == ["--config", specs.API_KEY_CONFIG] and specs.API_KEY_CONFIG.endswith(".yaml")
+    assert spec["ports"] == {"30000/tcp": ("0.0.0.0", 30000)}
+    content = specs.api_key_file_content("s3cret-value")
+    assert json.loads(content) == {"api-key": "s3cret-value"}  # YAML reads this JSON mapping the same
+
+
+def test_config_file_flag_conflicts_with_the_api_key_file() -> None:
+    with pytest.raises(ValueError, match="--config"):
+        specs.container_argv(["python3", "-m", "x", "--config", "/a.yaml"], with_api_key_config=True)
+
+
+def test_same_settings_same_hash_changed_settings_new_hash(host: Host) -> None:
+    first = build_spec(host, IMAGE, RUNTIME, with_api_key=False)
+    again = build_spec(host, IMAGE, RUNTIME, with_api_key=False)
+    assert first["labels"][specs.LABEL_HASH] == again["labels"][specs.LABEL_HASH]
+    assert first["labels"][specs.LABEL_ROLE] == "sglang-server"
+    variants = [
+        build_spec(host, IMAGE.replace("abcdef", "fedcba"), RUNTIME, with_api_key=False),
+        build_spec(with_server(host, flags={"--max-running-requests": 512}), IMAGE, RUNTIME, with_api_key=False),
+        build_spec(with_server(host, env={"NCCL_DEBUG": "INFO"}), IMAGE, RUNTIME, with_api_key=False),
+        build_spec(with_server(host, port=30001), IMAGE, RUNTIME, with_api_key=False),
+        build_spec(host, IMAGE, specs.GpuHandoff.runtime([0, 1]), with_api_key=False),
+    ]
+    hashes = {v["labels"][specs.LABEL_HASH] for v in variants} | {first["labels"][specs.LABEL_HASH]}
+    assert len(hashes) == len(variants) + 1
+
+
+def test_probe_address() -> None:
+    assert probe_address("127.0.0.1") == "127.0.0.1"
+    assert probe_address("0.0.0.0") == "127.0.0.1"
+    assert probe_address("::") == "[::1]"
+    assert probe_address("10.0.3.10") == "10.0.3.10"
+
+
+def make_nodes(root: Path, names: list[str]) -> None:
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+
+
+def test_gpu_handoff_prefers_the_nvidia_runtime(tmp_path: Path) -> None:
+    info = {"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}}
+    assert docker_run.choose_gpu_handoff(info, [0, 1], local=True, dev_root=tmp_path).kind == "runtime"
+    assert docker_run.choose_gpu_handoff(info, "all", local=False).device_ids == ()
+
+
+def test_gpu_handoff_falls_back_to_device_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_run.shutil, "which", lambda _name: None)
+    make_nodes(tmp_path, ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"])
+    handoff = docker_run.choose_gpu_handoff({"Runtimes": {"runc": {}}}, [0, 2], local=True, dev_root=tmp_path)
+    assert [inside for _outside, inside in handoff.nodes] == [
+        "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    every = docker_run.choose_gpu_handoff({}, "all", local=True, dev_root=tmp_path)
+    assert sum(inside[len("/dev/nvidia"):].isdigit() for _o, inside in every.nodes) == 3
+    with pytest.raises(docker_run.ServeError, match="nvidia5"):
+        docker_run.choose_gpu_handoff({}, [5], local=True, dev_root=tmp_path)
+    with pytest.raises(docker_run.ServeError, match="nvidia-container-toolkit"):
+        docker_run.choose_gpu_handoff({}, "all", local=False)
