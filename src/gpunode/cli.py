@@ -198,17 +198,81 @@ def p2p(
 
     values: dict[str, object] = {}
     if path is not None:
-        hf = _load(path)
-        chosen = [h for h in hf.hosts if host in (None, h.name)]
-        if not chosen or (host is None and len(chosen) > 1):
-            _die(2, [f"{path}: name one host with --host ({', '.join(h.name for h in hf.hosts)})"])
+        chosen = _one_host(path, host)
         from gpunode.plan import server_launch
 
-        argv = list(server_launch(chosen[0]).argv)
+        argv = list(server_launch(chosen).argv)
         tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else None
-        values = {**chosen[0].p2p.model_dump(), "min_gpus": int(tp) if tp else None}
+        values = {**chosen.p2p.model_dump(), "min_gpus": int(tp) if tp else None}
     raise typer.Exit(run_p2p(as_json=as_json, expect=Expectations.from_mapping(values), size_mb=size_mb,
                              quick=quick, out=sys.stdout))
+
+
+def _one_host(path: Path, name: str | None):  # -> Host
+    hf = _load(path)
+    chosen = [h for h in hf.hosts if name in (None, h.name)]
+    if not chosen or (name is None and len(chosen) > 1):
+        _die(2, [f"{path}: name one host with --host ({', '.join(h.name for h in hf.hosts)})"])
+    return chosen[0]
+
+
+@app.command()
+def serve(
+    path: HostFileArg,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    docker_url: Annotated[Optional[str], typer.Option(
+        "--docker-url", help="Docker engine of the node (default: this machine's, DOCKER_HOST)")] = None,
+    image: Annotated[Optional[str], typer.Option("--image", help="image tag (default: the host file's pinned tag)")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for readiness")] = 3600.0,
+) -> None:
+    """Start (or keep) the SGLang server and wait until /health_generate answers.
+
+    Exit codes: 0 ready, 1 not ready (diagnosed from its log), 2 bad input, 4 Docker unreachable.
+    """
+    chosen = _one_host(path, host)
+    from gpunode.plan import image_tag
+    from gpunode.serve.command import serve as run_serve
+
+    raise typer.Exit(run_serve(chosen, image or image_tag(chosen.image), docker_url, _err(), timeout))
+
+
+@app.command()
+def smoke(
+    url: Annotated[str, typer.Option("--url", help="the server, e.g. http://127.0.0.1:30000")],
+    served_name: Annotated[str, typer.Option("--served-name", help="the model name clients ask for")] = "glm-5",
+    api_key_env: Annotated[Optional[str], typer.Option(
+        "--api-key-env", help="environment variable holding the API key")] = None,
+    bench_image: Annotated[Optional[str], typer.Option(
+        "--bench-image", help="run the short bench_serving from this image (needs --model-dir)")] = None,
+    model_dir: Annotated[Optional[str], typer.Option("--model-dir", help="model directory on the node")] = None,
+    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="Docker engine for the bench")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
+) -> None:
+    """Prove the server answers correctly: health, models, a known answer, reasoning on/off,
+    a forced tool call (also streamed), and a short bench with zero failed requests.
+
+    Exit codes: 0 all pass, 1 a check failed or not ready, 2 bad input, 4 the bench could not run.
+    """
+    import os
+
+    from gpunode.smoke.command import smoke as run_smoke
+
+    api_key = None
+    if api_key_env:
+        if api_key_env not in os.environ:
+            _die(2, [f"--api-key-env: environment variable {api_key_env} is not set"])
+        api_key = os.environ[api_key_env]
+    runner = None
+    if bench_image:
+        if not model_dir:
+            _die(2, ["--bench-image needs --model-dir (the tokenizer is read from the model directory)"])
+        import docker
+
+        from gpunode.smoke.bench import DockerBenchRunner
+
+        client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+        runner = DockerBenchRunner(client, bench_image, model_dir)
+    raise typer.Exit(run_smoke(url, served_name, api_key, runner, as_json, sys.stdout))
 
 
 @lab_app.command("up")
