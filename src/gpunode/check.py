@@ -89,13 +89,14 @@ class _Collector:
         self.report.results.append(CheckResult(layer, host, check, status, message))
 
 
-def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
+def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None,
+               source: Path | None = None) -> CheckReport:
     import pytest
 
     folder = state_dir() / "check"
     folder.mkdir(parents=True, exist_ok=True)
     inv = folder / "inventory.json"
-    inv.write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
+    inv.write_text(json.dumps(inventory.build(hostfile, secrets, source), indent=2))
     chosen = layers or list(LAYERS)
     files = [str(CHECKS_DIR / f"test_{layer}.py") for layer in chosen if (CHECKS_DIR / f"test_{layer}.py").exists()]
     collector = _Collector()

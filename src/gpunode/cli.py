@@ -115,6 +115,10 @@ def provision(
     if tags and missing:
         _die(2, [f"stage {name!r} is not built in this version of gpunode (built: {', '.join(built)})" for name in missing])
     chosen = [name for name in chosen if name in built]
+    lab_skipped: list[str] = []
+    if not tags and all(host.lab for host in hf.hosts):
+        lab_skipped = [name for name in chosen if name in stage_list.GPU_STAGES]
+        chosen = [name for name in chosen if name not in stage_list.GPU_STAGES]
     if not chosen:
         _die(2, [f"no built stage selected (built: {', '.join(built)})"])
 
@@ -126,12 +130,15 @@ def provision(
     from gpunode.runner import SecretUnavailable, secret_files
 
     console = _err()
+    if lab_skipped:
+        console.print(f"lab: not running {', '.join(lab_skipped)}: the lab has no GPU behind its node "
+                      f"(name them with --tags to run them anyway)", markup=False)
     try:
         with secret_files(hf) as secrets:
             summary = run_provision(
                 hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
                 extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
-                vault_password_file=vault_password_file)
+                vault_password_file=vault_password_file, source=path)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:
@@ -170,7 +177,7 @@ def check(
 
     try:
         with secret_files(hf) as secrets:
-            report = run_checks(hf, secrets, chosen or None)
+            report = run_checks(hf, secrets, chosen or None, source=path)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:

@@ -37,10 +37,13 @@ def node_name(host: Host) -> str:
     return f"{host.name}-ct{host.container.vmid}"
 
 
-def _node_vars(host: Host) -> dict[str, Any]:
+def _node_vars(host: Host, secrets: SecretFiles, source: Path | None) -> dict[str, Any]:
     gpus = host.container.gpus
     launch = server_launch(host)
+    api_key = secrets.get((host.name, "api_key"))
     return {
+        "gpunode_hostfile": str(source.resolve()) if source else None,
+        "gpunode_server_api_key_file": str(api_key) if api_key else None,
         **_ssh_vars(host.container.reach),
         "gpunode_pve_host": host.name,
         "gpunode_lab": host.lab,
@@ -104,7 +107,8 @@ def _host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
     }
 
 
-def build(hostfile: HostFile, secrets: SecretFiles | None = None) -> dict[str, Any]:
+def build(hostfile: HostFile, secrets: SecretFiles | None = None, source: Path | None = None) -> dict[str, Any]:
+    """The inventory; ``source`` is the host file's path (the GPU-side stages re-read it)."""
     secrets = secrets or {}
     return {
         "all": {
@@ -112,7 +116,7 @@ def build(hostfile: HostFile, secrets: SecretFiles | None = None) -> dict[str, A
             "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
             "children": {
                 "pve_hosts": {"hosts": {host.name: _host_vars(host, secrets) for host in hostfile.hosts}},
-                "gpu_nodes": {"hosts": {node_name(host): _node_vars(host) for host in hostfile.hosts}},
+                "gpu_nodes": {"hosts": {node_name(host): _node_vars(host, secrets, source) for host in hostfile.hosts}},
             }
         }
     }

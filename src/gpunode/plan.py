@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode import profiles
 from gpunode.hostfile import Container, Host, HostFile, Image
-from gpunode.paths import project_root
 from gpunode.stages import STAGES
 
 # Device nodes every GPU container needs besides one /dev/nvidiaN per GPU (FIELD-NOTES s2).
@@ -103,15 +101,10 @@ def host_changes(host: Host) -> list[str]:
 
 
 def image_tag(image: Image) -> str:
-    """A tag derived from the image's content: base, pins and everything under images/sglang/."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps({"base": image.base, "pins": image.pins.model_dump()}, sort_keys=True).encode())
-    folder = project_root() / "images" / "sglang"
-    if folder.is_dir():
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
-    pins = image.pins
-    return f"{image.name}:{pins.sglang}-cu{pins.cuda.replace('.', '')}-{digest.hexdigest()[:12]}"
+    """The image's content tag: one definition, gpunode.image's (base, pins, lock, patches, template)."""
+    from gpunode.image.context import image_tag as content_tag
+
+    return content_tag(image)
 
 
 def server_launch(host: Host) -> profiles.Launch:

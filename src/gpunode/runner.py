@@ -231,6 +231,7 @@ def provision(
     secrets: inventory.SecretFiles | None = None,
     extravars: dict[str, Any] | None = None,
     vault_password_file: Path | None = None,
+    source: Path | None = None,
 ) -> RunSummary:
     """Run the selected stages of playbooks/provision.yml; return the recap from runner stats.
 
@@ -248,7 +249,7 @@ def provision(
     logs.mkdir(parents=True, exist_ok=True)
     ident = dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     # Written fresh each run: the inventory holds names of secrets, never their values.
-    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
+    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets, source), indent=2))
     log_path = logs / f"provision-{ident}.log"
 
     cmdline = []

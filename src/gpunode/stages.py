@@ -53,6 +53,9 @@ STAGES: tuple[Stage, ...] = (
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
+# Stages that need a GPU behind the node: the lab has none, so a lab run leaves them out unless
+# they are named with --tags (then they run, and say what is missing).
+GPU_STAGES: tuple[str, ...] = ("p2p", "serve", "smoke")
 
 
 def built_stages() -> list[str]:

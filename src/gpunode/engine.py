@@ -1,0 +1,81 @@
+"""Reach a node's Docker engine (and its loopback ports) from where gpunode runs, over SSH.
+
+OpenSSH forwards the node's /var/run/docker.sock to a private local socket, with the same key and
+pinned host key as Ansible uses; the Docker SDK then talks to ``unix://`` that socket. The server
+binds to the node's loopback by default, so its port is forwarded the same way for the smoke test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpunode.hostfile import Ssh
+
+
+class EngineUnreachable(Exception):
+    """The SSH forward to a node could not be opened."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    docker_url: str | None  # None: this machine's own engine
+    ports: dict[int, int]  # node loopback port -> local port
+
+
+def ssh_base(ssh: Ssh) -> list[str]:
+    argv = ["ssh", "-p", str(ssh.port), "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+            "-o", "ServerAliveInterval=15"]
+    if ssh.key_file is not None:
+        argv += ["-i", str(ssh.key_file.expanduser())]
+    if ssh.known_hosts is not None:
+        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts.expanduser()}", "-o", "StrictHostKeyChecking=yes"]
+    return argv + [f"{ssh.user}@{ssh.address}"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> Iterator[Forward]:
+    """Forward the node's Docker socket (and loopback ``ports``) for the duration of the block."""
+    if ssh.connection == "local":
+        yield Forward(None, {port: port for port in ports})
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gpunode-engine-"))
+    folder.chmod(0o700)
+    sock = folder / "docker.sock"
+    local_ports = {port: _free_port() for port in ports}
+    argv = ssh_base(ssh)[:-1] + ["-nNT", "-L", f"{sock}:/var/run/docker.sock"]
+    for remote, local in local_ports.items():
+        argv += ["-L", f"127.0.0.1:{local}:127.0.0.1:{remote}"]
+    argv.append(ssh_base(ssh)[-1])
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not sock.exists():
+            if proc.poll() is not None:
+                raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address} could not forward Docker's socket: "
+                                        f"{(proc.stderr.read() if proc.stderr else '').strip() or 'exited'}")
+            if time.monotonic() > deadline:
+                raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address}: no forwarded socket after {timeout_s:g} s")
+            time.sleep(0.05)
+        yield Forward(f"unix://{sock}", local_ports)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
