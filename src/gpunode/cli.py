@@ -27,9 +27,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+image_app = typer.Typer(help="The pinned server image: build it, verify it.", no_args_is_help=True)
 lab_app = typer.Typer(help="The local lab: Docker, an LXC container with fake GPU device nodes, fakepve.",
                       no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
+app.add_typer(image_app, name="image")
 
 HostFileArg = Annotated[Path, typer.Argument(help="the host file (YAML)", show_default=False)]
 
@@ -117,8 +119,8 @@ def provision(
     chosen = [name for name in chosen if name in built]
     lab_skipped: list[str] = []
     if not tags and all(host.lab for host in hf.hosts):
-        lab_skipped = [name for name in chosen if name in stage_list.GPU_STAGES]
-        chosen = [name for name in chosen if name not in stage_list.GPU_STAGES]
+        lab_skipped = [name for name in chosen if name in stage_list.LAB_LEAVES_OUT]
+        chosen = [name for name in chosen if name not in stage_list.LAB_LEAVES_OUT]
     if not chosen:
         _die(2, [f"no built stage selected (built: {', '.join(built)})"])
 
@@ -130,9 +132,9 @@ def provision(
     from gpunode.runner import SecretUnavailable, secret_files
 
     console = _err()
-    if lab_skipped:
-        console.print(f"lab: not running {', '.join(lab_skipped)}: the lab has no GPU behind its node "
-                      f"(name them with --tags to run them anyway)", markup=False)
+    for name in lab_skipped:
+        console.print(f"lab: not running stage {name}: {stage_list.LAB_LEAVES_OUT[name]} "
+                      f"(--tags {name} runs it anyway)", markup=False)
     try:
         with secret_files(hf) as secrets:
             summary = run_provision(
@@ -280,6 +282,104 @@ def smoke(
         client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
         runner = DockerBenchRunner(client, bench_image, model_dir)
     raise typer.Exit(run_smoke(url, served_name, api_key, runner, as_json, sys.stdout))
+
+
+@image_app.command("build")
+def image_build(
+    path: HostFileArg,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    docker_url: Annotated[Optional[str], typer.Option(
+        "--docker-url", help="engine to build on (default: the node's over SSH if image.build_on is node)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="build even if the content tag exists")] = False,
+) -> None:
+    """Build the pinned image unless its content tag exists. Exit 0 built or present, 1 failed, 2 bad input."""
+    chosen = _one_host(path, host)
+    from gpunode.engine import EngineUnreachable, forward
+    from gpunode.image import BuildError, build
+
+    try:
+        if docker_url or chosen.image.build_on == "local":
+            result = build(chosen.image, docker_url, _err(), force=force)
+        else:
+            with forward(chosen.container.reach) as fw:
+                result = build(chosen.image, fw.docker_url, _err(), force=force)
+    except (BuildError, EngineUnreachable) as exc:
+        _die(1, [str(exc)])
+    typer.echo(f"{result.tag} ({'built in %.0f s' % result.seconds if result.built else 'present, not rebuilt'})")
+
+
+@image_app.command("verify")
+def image_verify(
+    tag: Annotated[str, typer.Argument(help="the image tag")],
+    path: Annotated[Optional[Path], typer.Option("--hosts", help="host file: check its profile's launch flags")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="engine holding the image")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
+) -> None:
+    """Check inside the image, without a GPU: pins, CUDA 12.8, nvcc, patches, sm_120 kernels, and the
+    server's flags through sglang's own parser. Exit 0 all pass, 1 a finding failed, 2 bad input."""
+    from gpunode.image import VerifyError, verify
+    from gpunode.image.__main__ import default_launch_argv
+    from gpunode.plan import server_launch
+
+    argv = list(server_launch(_one_host(path, host)).argv) if path else default_launch_argv()
+    try:
+        report = verify(tag, argv, docker_url)
+    except VerifyError as exc:
+        _die(1, [str(exc)])
+    if as_json:
+        typer.echo(report.to_json())
+    else:
+        for finding in report.findings:
+            typer.echo(f"{'OK  ' if finding.ok else 'FAIL'} {finding.name}: {finding.detail}")
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def bench(
+    path: HostFileArg,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="the running server (default: the host file's bind:port)")] = None,
+    levels: Annotated[Optional[str], typer.Option("--levels", help="concurrency list, e.g. 1,10,64,256,1024")] = None,
+    input_len: Annotated[Optional[int], typer.Option("--input-len", help="random-ids input tokens")] = None,
+    output_len: Annotated[Optional[int], typer.Option("--output-len", help="random-ids output tokens")] = None,
+    ab: Annotated[Optional[str], typer.Option("--ab", help="KEY=V1,V2: restart the server per value, sweep each")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="an earlier results.jsonl to compare with")] = None,
+    p2p_json: Annotated[Optional[Path], typer.Option("--p2p-json", help="`gpunode p2p --json` output, for the roofline")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="results folder")] = Path("results"),
+    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine")] = None,
+) -> None:
+    """Sweep sglang.bench_serving over concurrency levels with NVML power sampling; write a report,
+    plots and a comparison; --ab puts backends side by side.
+
+    Exit codes: 0 ok, 1 failed requests or a level >10 % worse than the baseline, 2 bad input,
+    4 the bench could not run.
+    """
+    chosen = _one_host(path, host)
+    try:
+        level_list = [int(v) for v in levels.split(",")] if levels else None
+    except ValueError:
+        _die(2, [f"--levels {levels!r}: give whole numbers separated by commas"])
+    import docker
+
+    from gpunode.bench.command import bench as run_bench
+    from gpunode.bench.command import profile_defaults
+    from gpunode.bench.restart import serve_restart
+    from gpunode.plan import image_tag, server_launch
+    from gpunode.smoke.bench import DockerBenchRunner
+
+    defaults = profile_defaults(chosen.server.profile)
+    tag = image_tag(chosen.image)
+    client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+    runner = DockerBenchRunner(client, tag, str(chosen.model.path))
+    argv = list(server_launch(chosen).argv)
+    tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+    api_key = chosen.server.api_key.resolve() if chosen.server.api_key else None
+    target = url or f"http://{chosen.server.bind}:{chosen.server.port}"
+    code = run_bench(target, chosen.served_name, level_list or defaults[0], input_len or defaults[1],
+                     output_len or defaults[2], runner, None, serve_restart(chosen, tag, docker_url, _err()) if ab else None,
+                     ab, baseline, out_dir, api_key=api_key, tp_size=tp, p2p_json=p2p_json)
+    raise typer.Exit(code)
 
 
 @lab_app.command("up")

@@ -1,0 +1,27 @@
+"""`gpunode image build|verify` through the CLI, on the image the tests build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpunode.image import BuildResult
+
+pytestmark = pytest.mark.image
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "inventory" / "lab" / "host.yml"
+
+
+def test_build_is_a_no_op_when_the_tag_exists(gpunode, built: BuildResult) -> None:
+    result = gpunode("image", "build", str(LAB), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{built.tag} (present, not rebuilt)"
+
+
+def test_verify_names_exactly_the_two_gaps(gpunode, built: BuildResult) -> None:
+    result = gpunode("image", "verify", built.tag, "--hosts", str(LAB), "--json", timeout=600)
+    assert result.returncode == 1
+    failed = {f["name"] for f in json.loads(result.stdout)["findings"] if not f["ok"]}
+    assert failed == {"nvcc", "kernels flashinfer"}
