@@ -54,8 +54,9 @@ def _message(report: Any) -> str:
         return str(text).removeprefix("Skipped: ").removeprefix("reason: ")
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    # "AssertionError: <our message>\nassert ..." -> our message
-    return text.split("\n")[0].removeprefix("AssertionError: ").removeprefix("Failed: ")
+    # "AssertionError: <our message>\nassert ..." -> our message, on one line
+    ours = text.split("\nassert ")[0].removeprefix("AssertionError: ").removeprefix("Failed: ")
+    return " ".join(ours.split())
 
 
 class _Collector:

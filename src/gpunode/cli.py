@@ -132,11 +132,12 @@ def provision(
     from gpunode.runner import SecretUnavailable, secret_files
 
     console = _err()
-    for name in lab_skipped:
-        console.print(f"lab: not running stage {name}: {stage_list.LAB_LEAVES_OUT[name]} "
-                      f"(--tags {name} runs it anyway)", markup=False)
     try:
         with secret_files(hf) as secrets:
+            # Said once the input is known to be good (bad input prints nothing but its error).
+            for name in lab_skipped:
+                console.print(f"lab: not running stage {name}: {stage_list.LAB_LEAVES_OUT[name]} "
+                              f"(--tags {name} runs it anyway)", markup=False)
             summary = run_provision(
                 hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
                 extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,8 +92,15 @@ def converged(gpunode_module) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.fixture
+def repaired_after(gpunode) -> Iterator[None]:
+    """Whatever a scenario asserts, leave the lab converged for the next one."""
+    yield
+    gpunode("provision", str(LAB_HOSTS), timeout=900)
+
+
 @pytest.mark.parametrize("name,breakage,layer,check_name", SCENARIOS, ids=[s[0] for s in SCENARIOS])
-def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, name: str,
+def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, repaired_after: None, name: str,
                                                  breakage: Callable[[], None], layer: str, check_name: str) -> None:
     rc, healthy = check(gpunode)
     assert rc == 0, failing(healthy)
