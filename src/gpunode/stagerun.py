@@ -165,12 +165,28 @@ STAGE_RUNNERS = {"image": image, "p2p": p2p, "serve": serve, "smoke": smoke}
 
 
 def run(stage: str, host: Host, api_key_file: str | None, check_mode: bool) -> StageResult:
-    """Run one GPU-side stage for ``host`` on its node's engine."""
+    """Run one GPU-side stage for ``host`` on its node's engine (messages say no stage name: the
+    module puts it in front)."""
     if api_key_file and host.server.api_key is not None:
         # The run's secret files stand in for env secrets, which are kept out of Ansible's environment.
         host = host.model_copy(update={"server": host.server.model_copy(update={"api_key": SecretRef(file=Path(api_key_file))})})
-    if stage == "image" and host.image.build_on == "local":
-        return image(host, Forward(None, {}), check_mode)
-    ports = (host.server.port,) if stage == "smoke" else ()
-    with forward(host.container.reach, ports) as fw:
-        return STAGE_RUNNERS[stage](host, fw, check_mode)
+    import docker
+
+    try:
+        if stage == "image" and host.image.build_on == "local":
+            return image(host, Forward(None, {}), check_mode)
+        ports = (host.server.port,) if stage == "smoke" else ()
+        with forward(host.container.reach, ports) as fw:
+            return STAGE_RUNNERS[stage](host, fw, check_mode)
+    except docker.errors.ImageNotFound:
+        return StageResult(failed=True, summary=[
+            f"the image {plan.image_tag(host.image)} is not on the node's engine: run the image stage "
+            f"first (`gpunode provision --tags image`)"])
+    except docker.errors.NotFound as exc:
+        if "No such image" in str(exc):
+            return StageResult(failed=True, summary=[
+                f"the image {plan.image_tag(host.image)} is not on the node's engine: run the image stage "
+                f"first (`gpunode provision --tags image`)"])
+        return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
+    except docker.errors.DockerException as exc:
+        return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])

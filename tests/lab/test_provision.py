@@ -126,7 +126,8 @@ def test_stage_selection(gpunode) -> None:
     # Named with --tags, a GPU stage runs, and says what is missing.
     forced = gpunode("provision", str(LAB_HOSTS), "--tags", "p2p", "--json", timeout=600)
     assert forced.returncode == 1
-    assert "p2p" in _summary(forced)["failures"][0]["message"]
+    message = _summary(forced)["failures"][0]["message"]
+    assert message.startswith("p2p: the image gpunode/sglang:") and "--tags image" in message
 
 
 def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: Path) -> None:
