@@ -276,11 +276,10 @@ def smoke(
     if bench_image:
         if not model_dir:
             _die(2, ["--bench-image needs --model-dir (the tokenizer is read from the model directory)"])
-        import docker
-
+        from gpunode.engine import docker_client
         from gpunode.smoke.bench import DockerBenchRunner
 
-        client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+        client = docker_client(docker_url)
         runner = DockerBenchRunner(client, bench_image, model_dir)
     raise typer.Exit(run_smoke(url, served_name, api_key, runner, as_json, sys.stdout))
 
@@ -361,17 +360,16 @@ def bench(
         level_list = [int(v) for v in levels.split(",")] if levels else None
     except ValueError:
         _die(2, [f"--levels {levels!r}: give whole numbers separated by commas"])
-    import docker
-
     from gpunode.bench.command import bench as run_bench
     from gpunode.bench.command import profile_defaults
     from gpunode.bench.restart import serve_restart
+    from gpunode.engine import docker_client
     from gpunode.plan import image_tag, server_launch
     from gpunode.smoke.bench import DockerBenchRunner
 
     defaults = profile_defaults(chosen.server.profile)
     tag = image_tag(chosen.image)
-    client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+    client = docker_client(docker_url)
     runner = DockerBenchRunner(client, tag, str(chosen.model.path))
     argv = list(server_launch(chosen).argv)
     tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1

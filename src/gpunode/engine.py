@@ -29,6 +29,13 @@ class Forward:
     ports: dict[int, int]  # node loopback port -> local port
 
 
+def docker_client(docker_url: str | None):  # -> docker.DockerClient (imported lazily: it is heavy)
+    """The engine at ``docker_url`` (e.g. a forward's unix:// socket), else this machine's own."""
+    import docker
+
+    return docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+
+
 def ssh_base(ssh: Ssh) -> list[str]:
     argv = ["ssh", "-p", str(ssh.port), "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
             "-o", "ServerAliveInterval=15"]

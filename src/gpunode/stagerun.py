@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from gpunode import plan
-from gpunode.engine import Forward, forward
+from gpunode.engine import Forward, docker_client, forward
 from gpunode.hostfile import Host, SecretRef
 
 P2P_OK = (0, 3)  # pass; pass with one GPU (pairs not applicable)
@@ -53,9 +53,8 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     tag = plan.image_tag(host.image)
     buffer = io.StringIO()
     if check_mode:
-        import docker
 
-        client = docker.DockerClient(base_url=fw.docker_url) if fw.docker_url else docker.from_env()
+        client = docker_client(fw.docker_url)
         present = bool(client.images.list(name=tag))
         return StageResult(changed=not present, summary=[f"image {tag}: {'present' if present else 'would be built'}"])
     try:
@@ -82,7 +81,6 @@ def _p2p_archive() -> bytes:
 
 def p2p(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     """Run `gpunode.p2p` inside the server image with the server's GPU hand-off."""
-    import docker
 
     if check_mode:
         return StageResult(summary=["p2p: measured only in a real run"])
@@ -92,7 +90,7 @@ def p2p(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     command = ["python3", "-m", "gpunode.p2p", "--json", "--min-gpus", tp,
                "--same-numa-gbps", str(expect.same_numa_gbps), "--cross-numa-gbps", str(expect.cross_numa_gbps),
                "--nvlink-gbps", str(expect.nvlink_gbps)] + ([] if expect.required else ["--not-required"])
-    client = docker.DockerClient(base_url=fw.docker_url) if fw.docker_url else docker.from_env()
+    client = docker_client(fw.docker_url)
     # NVLink multicast off in any child environment (a shared host's GPUs can be put out of service).
     env = {"PYTHONPATH": "/opt/gpunode-src", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
@@ -143,7 +141,6 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
 
 
 def smoke(host: Host, fw: Forward, check_mode: bool) -> StageResult:
-    import docker
 
     from gpunode.smoke.bench import DockerBenchRunner
     from gpunode.smoke.command import smoke as run_smoke
@@ -151,7 +148,7 @@ def smoke(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     if check_mode:
         return StageResult(summary=["smoke: run only in a real run"])
     local = fw.ports[host.server.port]
-    client = docker.DockerClient(base_url=fw.docker_url) if fw.docker_url else docker.from_env()
+    client = docker_client(fw.docker_url)
     runner = DockerBenchRunner(client, plan.image_tag(host.image), str(host.model.path))
     api_key = host.server.api_key.resolve() if host.server.api_key else None
     out = io.StringIO()

@@ -23,6 +23,7 @@ import docker
 from rich.console import Console
 
 from gpunode import plan, profiles
+from gpunode.engine import docker_client
 from gpunode.hostfile import Host
 from gpunode.serve import docker_run, readiness
 from gpunode.serve import spec as specs
@@ -62,7 +63,7 @@ def probe_address(bind: str) -> str:
 
 
 def connect(docker_url: str | None) -> docker.DockerClient:
-    client = docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
+    client = docker_client(docker_url)
     client.ping()
     return client
 
