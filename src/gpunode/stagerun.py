@@ -53,7 +53,6 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     tag = plan.image_tag(host.image)
     buffer = io.StringIO()
     if check_mode:
-
         client = docker_client(fw.docker_url)
         present = bool(client.images.list(name=tag))
         return StageResult(changed=not present, summary=[f"image {tag}: {'present' if present else 'would be built'}"])
