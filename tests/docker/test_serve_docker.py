@@ -64,10 +64,11 @@ def _memlock(memlock_bytes: int) -> None:
 
 
 def start(host: Host, image: str, name: str, handoff: specs.GpuHandoff, timeout_s: float = 60,
-          memlock: int | None = None) -> tuple[ServeOutcome, str]:
+          memlock: int | None = None, engine_is_local: bool | None = None) -> tuple[ServeOutcome, str]:
     console = Console(file=io.StringIO(), width=200)
     outcome = run_serve(host, image, None, console, timeout_s, gpu_handoff=handoff, name=name,
-                        memlock_bytes=MEMLOCK["bytes"] if memlock is None else memlock)
+                        memlock_bytes=MEMLOCK["bytes"] if memlock is None else memlock,
+                        engine_is_local=engine_is_local)
     return outcome, console.file.getvalue()  # type: ignore[attr-defined]
 
 
@@ -194,3 +195,17 @@ def test_unlimited_memlock_refused_is_diagnosed(docker_client: docker.DockerClie
     assert outcome.exit_code == 1 and outcome.diagnosis is not None
     assert outcome.diagnosis.key == "memlock_not_permitted" and "privileged" in said
     assert not docker_client.containers.list(all=True, filters={"name": container_name})
+
+
+def test_forwarded_engine_is_probed_from_inside_the_container(docker_client: docker.DockerClient, fake_image: str,
+                                                               container_name: str, tmp_path: Path) -> None:
+    # A node's engine reached through an SSH-forwarded unix socket looks local, but the server's port
+    # is published on the node, not here: readiness must be asked from inside the container. The
+    # server's access log tells the two apart: inside, the probe comes from 127.0.0.1; from here it
+    # would come through Docker's bridge.
+    host = lab_host(tmp_path)
+    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path), timeout_s=60, engine_is_local=False)
+    assert outcome.exit_code == 0, said
+    log = docker_client.containers.get(container_name).logs().decode()
+    probes = [line for line in log.splitlines() if "GET /health_generate" in line]
+    assert probes and all(" 127.0.0.1:" in line for line in probes), probes

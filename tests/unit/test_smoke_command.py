@@ -147,3 +147,18 @@ def test_bench_runner_that_cannot_run_is_an_environment_problem(tmp_path: Path) 
     with fake_server(tmp_path, env={"FAKE_SGLANG_FAULTS": "wrong_answer"}) as (_process, url):
         code, _report = run_smoke(url, Unavailable())
     assert code == 1  # a failed check outranks the environment
+
+
+def test_bench_goes_to_the_runners_server_url(tmp_path: Path) -> None:
+    # On a node the HTTP checks go through an SSH forward while the bench runs on the node itself:
+    # the runner's server_url, not the checks' URL, is where the bench must go.
+    with fake_server(tmp_path) as (_process, url):
+        elsewhere = local_runner(tmp_path)
+        elsewhere.server_url = "http://127.0.0.1:9"  # discard port: nothing answers
+        code, report = run_smoke(url, elsewhere)
+        assert code == 1 and by_name(report)["models"]["status"] == "pass"
+        assert by_name(report)["bench"]["status"] == "fail"
+        same = local_runner(tmp_path)
+        same.server_url = url
+        code, report = run_smoke(url.replace("127.0.0.1", "localhost"), same)
+        assert code == 0, by_name(report)["bench"]

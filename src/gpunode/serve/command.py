@@ -90,9 +90,12 @@ def _say_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
 def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Console, timeout_s: float, *,
               gpu_handoff: specs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
               poll_s: float = readiness.POLL_S, name: str = specs.CONTAINER_NAME,
-              memlock_bytes: int = -1) -> ServeOutcome:
+              memlock_bytes: int = -1, engine_is_local: bool | None = None) -> ServeOutcome:
     """``serve`` with its findings returned; ``gpu_handoff`` overrides detection and ``memlock_bytes``
-    the unlimited memlock (tests and labs on machines that cannot give it)."""
+    the unlimited memlock (tests and labs on machines that cannot give it). ``engine_is_local``
+    False says that a unix socket is an SSH forward of the node's engine: the server's port is on
+    the node, so readiness is probed from inside the container."""
+    local = is_local_daemon(docker_url) if engine_is_local is None else engine_is_local
     try:
         plan.server_launch(host)
         api_key = host.server.api_key.resolve() if host.server.api_key else None
@@ -103,7 +106,7 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
     try:
         client = connect(docker_url)
         handoff = gpu_handoff or docker_run.choose_gpu_handoff(
-            client.info(), host.container.gpus, local=is_local_daemon(docker_url), dev_root=dev_root)
+            client.info(), host.container.gpus, local=local, dev_root=dev_root)
     except docker.errors.DockerException as exc:
         _say(console, f"server: error: Docker at {docker_url or 'the default socket'} is unreachable: {exc}")
         return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])
@@ -125,7 +128,7 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
     container = client.containers.get(start.container_id)
     watched = docker_run.DockerServer(container)
     probe: readiness.HealthProbe
-    if is_local_daemon(docker_url):
+    if local:
         probe = readiness.HttpHealthProbe(f"http://{probe_address(host.server.bind)}:{host.server.port}")
     else:
         probe = docker_run.ExecHealthProbe(container, host.server.port)

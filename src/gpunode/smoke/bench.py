@@ -53,6 +53,9 @@ ArgvFor = Callable[[str], list[str]]
 
 class BenchRunner(Protocol):
     tokenizer: str  # where the model's tokenizer is, as the bench process sees it
+    # Where the server is, as the bench process sees it; None: the URL the HTTP checks use. A bench
+    # on the node reaches the server on the node's port, not through the checks' SSH forward.
+    server_url: str | None
 
     def run(self, argv_for: ArgvFor, env: Mapping[str, str], timeout_s: float) -> BenchRun: ...
 
@@ -115,6 +118,8 @@ class LocalBenchRunner:
     """Run the command here; ``python`` replaces its leading ``python3`` (a venv, or a stand-in's
     interpreter), ``extra_env`` is added (e.g. a PYTHONPATH for a stand-in)."""
 
+    server_url: str | None = None
+
     def __init__(self, tokenizer: str, python: Sequence[str] = ("python3",),
                  extra_env: Mapping[str, str] | None = None) -> None:
         self.tokenizer = tokenizer
@@ -148,11 +153,13 @@ class DockerBenchRunner:
     OUTPUT = "/tmp/gpunode-bench.jsonl"
     tokenizer = "/model"
 
-    def __init__(self, client: Any, image: str, model_dir: str, network_mode: str = "host") -> None:
+    def __init__(self, client: Any, image: str, model_dir: str, network_mode: str = "host",
+                 server_url: str | None = None) -> None:
         self.client = client
         self.image = image
         self.model_dir = model_dir
         self.network_mode = network_mode
+        self.server_url = server_url
 
     def run(self, argv_for: ArgvFor, env: Mapping[str, str], timeout_s: float) -> BenchRun:
         import docker

@@ -122,7 +122,8 @@ class _Run:
             self.results.append(CheckResult("bench", "skip", "no bench runner given"))
             return ""
         try:
-            run = runner.run(lambda path: bench.bench_command(url, self.served, runner.tokenizer, path),
+            target = runner.server_url or url
+            run = runner.run(lambda path: bench.bench_command(target, self.served, runner.tokenizer, path),
                              bench.bench_env(api_key), bench.BENCH_TIMEOUT_S)
         except bench.BenchUnavailable as exc:
             self.results.append(CheckResult("bench", "skip", f"could not run: {exc}"))
