@@ -117,10 +117,12 @@ def provision(
     if tags and missing:
         _die(2, [f"stage {name!r} is not built in this version of gpunode (built: {', '.join(built)})" for name in missing])
     chosen = [name for name in chosen if name in built]
-    lab_skipped: list[str] = []
+    lab_skipped: dict[str, str] = {}
     if not tags and all(host.lab for host in hf.hosts):
-        lab_skipped = [name for name in chosen if name in stage_list.LAB_LEAVES_OUT]
-        chosen = [name for name in chosen if name not in stage_list.LAB_LEAVES_OUT]
+        # Left out only where every host leaves it out (a stand-in on each host runs serve and smoke).
+        each = [stage_list.lab_leaves_out(bool(host.image.lab_stand_in)) for host in hf.hosts]
+        lab_skipped = {name: each[0][name] for name in chosen if all(name in left for left in each)}
+        chosen = [name for name in chosen if name not in lab_skipped]
     if not chosen:
         _die(2, [f"no built stage selected (built: {', '.join(built)})"])
 
@@ -135,8 +137,8 @@ def provision(
     try:
         with secret_files(hf) as secrets:
             # Said once the input is known to be good (bad input prints nothing but its error).
-            for name in lab_skipped:
-                console.print(f"lab: not running stage {name}: {stage_list.LAB_LEAVES_OUT[name]} "
+            for name, why in lab_skipped.items():
+                console.print(f"lab: not running stage {name}: {why} "
                               f"(--tags {name} runs it anyway)", markup=False)
             summary = run_provision(
                 hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,

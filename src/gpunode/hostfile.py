@@ -286,6 +286,9 @@ class Image(Strict):
     build_on: Literal["node", "local"] = "node"
     ca_bundle: Path | None = None
     pins: ImagePins = ImagePins()
+    # Lab only: the serve and smoke stages run the fake SGLang server's image (gpunode.labimage),
+    # shipped to the node by the image stage, because the lab has no GPU to run the real one on.
+    lab_stand_in: Literal["fake-sglang"] | None = None
 
 
 class Model(Strict):
@@ -381,6 +384,12 @@ class Host(Strict):
     def _container_reachable(self) -> Host:
         if self.container.ssh is None and self.container.network.address is None:
             raise ValueError("container.network.ip is dhcp: give container.ssh.address so the node can be reached")
+        return self
+
+    @model_validator(mode="after")
+    def _stand_in_only_in_the_lab(self) -> Host:
+        if self.image.lab_stand_in and not self.lab:
+            raise ValueError("image.lab_stand_in runs a fake server: only a lab host (lab: true) may set it")
         return self
 
     @model_validator(mode="after")

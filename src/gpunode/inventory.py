@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.hostfile import Host, HostFile, SecretRef, Ssh
-from gpunode.plan import CONTROL_NODES, container_config, image_tag, server_launch
+from gpunode.plan import CONTROL_NODES, container_config, image_tag, server_image, server_launch
+from gpunode.serve.spec import CONTAINER_NAME
 
 
 # Secret files by (host name, field): paths only; the values stay in the files.
@@ -56,6 +57,9 @@ def _node_vars(host: Host, secrets: SecretFiles, source: Path | None) -> dict[st
         "gpunode_gpu_handoff": host.container.gpu_handoff,
         "gpunode_image_tag": image_tag(host.image),
         "gpunode_image_pins": host.image.pins.model_dump(),
+        "gpunode_image_stand_in": host.image.lab_stand_in,
+        "gpunode_server_image": server_image(host),
+        "gpunode_server_container": CONTAINER_NAME,
         "gpunode_model_id": host.model.id,
         "gpunode_model_path": str(host.model.path),
         "gpunode_served_name": host.served_name,

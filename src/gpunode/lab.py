@@ -90,6 +90,12 @@ PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3
 MASKED_UNITS = ("systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
                 "systemd-udevd-control.socket", "systemd-udevd-kernel.socket")
 
+# The model folder of inventory/lab/host.yml, made in the node with what the fake server reads
+# (a config.json, as transformers would) so that the serve stage can run the stand-in server.
+LAB_MODEL_DIR = "/models/GLM-5-NVFP4"
+LAB_MODEL_FILES = {"config.json": '{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}\n',
+                   "tokenizer.json": "{}\n"}
+
 NVIDIA_MAJOR = 195
 UVM_MAJOR_RANGE = range(234, 255)  # pick the highest char major in 234..254 not in /proc/devices
 
@@ -643,6 +649,33 @@ def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
     return changed
 
 
+def _ensure_model_stand_in(progress: Progress, ct: LabContainer) -> bool:
+    folder = ct.rootfs / LAB_MODEL_DIR.lstrip("/")
+    changed = False
+    for name, text in LAB_MODEL_FILES.items():
+        changed |= _write_if_changed(folder / name, text, 0o644)
+    progress(f"container: {ct.name} model stand-in {LAB_MODEL_DIR} " + ("written" if changed else "in place"))
+    return changed
+
+
+def _ensure_server_stand_in(progress: Progress) -> bool:
+    """The fake SGLang server's image on this machine's engine (the image stage ships it to the node)."""
+    import docker
+
+    from gpunode.labimage import ensure_fake_image, fake_tag
+
+    client = docker.from_env()
+    had = bool(client.images.list(name=fake_tag()))
+    if not had:
+        progress(f"docker: building the stand-in server image {fake_tag()} (debootstrap, 1-2 minutes the first time)")
+    try:
+        tag = ensure_fake_image(client)
+    except (docker.errors.DockerException, RuntimeError, subprocess.SubprocessError) as exc:
+        raise LabError(f"the stand-in server image could not be built: {_one_line(str(exc))}") from exc
+    progress(f"docker: stand-in server image {tag} " + ("built" if not had else "in place"))
+    return not had
+
+
 def _facts_tarball() -> Path:
     from gpunode.paths import project_root
 
@@ -932,6 +965,10 @@ def up(progress: Progress = _noop) -> LabInfo:
             changed.append("devices")
         if _ensure_container(progress, GPU_CONTAINER, uvm):
             changed.append("container")
+        if _ensure_model_stand_in(progress, GPU_CONTAINER):
+            changed.append("model")
+        if _ensure_server_stand_in(progress):
+            changed.append("server_image")
         if _ensure_pve(progress):
             changed.append("fakepve")
         if _ensure_container(progress, HOST_CONTAINER, uvm):

@@ -1,4 +1,6 @@
-"""The small test image for the Docker tests: Debian 12 minbase with python3, plus the fake server.
+"""The lab's stand-in server image (also the Docker tests' image): Debian 12 minbase with python3,
+plus the fake SGLang server from tests/fakes. The lab has no GPU, so its serve and smoke stages run
+this in place of the real image (host file: ``image.lab_stand_in: fake-sglang``).
 
 Two tags, each built once and reused while it exists:
 
@@ -24,10 +26,12 @@ from pathlib import Path
 
 import docker
 
+from gpunode.paths import project_root
+
 BASE_TAG = "gpunode-test/python-base:bookworm-1"
 FAKE_REPO = "gpunode-test/fake-sglang"
 MIRROR = "http://deb.debian.org/debian"
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = project_root() / "tests" / "fakes"  # a checkout: the lab runs from one
 FAKE_FILES = ("sglang_server.py", "bench_serving.py", "shim/sglang/__init__.py", "shim/sglang/launch_server.py",
               "shim/sglang/bench_serving.py")
 IN_IMAGE = "/opt/fake-sglang"

@@ -107,6 +107,16 @@ def image_tag(image: Image) -> str:
     return content_tag(image)
 
 
+def server_image(host: Host) -> str:
+    """What the server container runs: the content-tagged image, or in a lab with a stand-in the
+    fake server's image (its tag hashes the fake's files)."""
+    if host.image.lab_stand_in:
+        from gpunode.labimage import fake_tag
+
+        return fake_tag()
+    return image_tag(host.image)
+
+
 def server_launch(host: Host) -> profiles.Launch:
     profile = profiles.load(host.server.profile)
     values = {
@@ -174,7 +184,8 @@ def plan_host(host: Host) -> HostPlan:
         container=container_config(host.container),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
         image={"tag": image_tag(host.image), "base": host.image.base, "build_on": host.image.build_on,
-               "pins": host.image.pins.model_dump()},
+               "pins": host.image.pins.model_dump(), "server_image": server_image(host),
+               "lab_stand_in": host.image.lab_stand_in},
         server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},

@@ -33,6 +33,9 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         console.print("\n[bold]Image[/bold]")
         console.print(f"  tag: {plan.image['tag']} (base {plan.image['base']}, built on {plan.image['build_on']})")
         console.print("  pins: " + ", ".join(f"{k} {v}" for k, v in plan.image["pins"].items()))
+        if plan.image["lab_stand_in"]:
+            console.print(f"  [yellow]lab: the server runs the stand-in {plan.image['server_image']} (the fake SGLang "
+                          "server; no GPU here), shipped to the node by the image stage[/yellow]")
 
         server = plan.server
         console.print(f"\n[bold]Server[/bold] profile {server['profile']}: {server['model']} from {server['model_path']} "

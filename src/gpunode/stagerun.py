@@ -47,24 +47,59 @@ def _handoff(host: Host) -> Any:
     return GpuHandoff.device_nodes(paths)
 
 
+def _image_record(tag: str, image_id: str | None, verified: bool | None, failed: list[str], note: str = "") -> dict[str, Any]:
+    """What the node keeps in /etc/gpunode/image.json for `gpunode check` (stable across runs)."""
+    return {"tag": tag, "id": image_id, "verified": verified, "failed": failed, "note": note}
+
+
+def _stand_in_image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
+    """Lab: put the fake server's image (built here by `gpunode lab up`) on the node's engine."""
+    from gpunode.image.ship import image_id, ship
+
+    tag = plan.server_image(host)
+    local = image_id(docker_client(None), tag)
+    if local is None:
+        return StageResult(failed=True, summary=[f"the lab's stand-in image {tag} is not on this machine's engine: "
+                                                 "run `gpunode lab up`"])
+    node = docker_client(fw.docker_url)
+    present = image_id(node, tag) == local
+    note = "lab stand-in (fake SGLang server): pins and sm_120 kernels apply to the real image (`gpunode image verify`)"
+    if check_mode:
+        return StageResult(changed=not present, summary=[f"stand-in {tag}: {'on the node' if present else 'would be shipped'}"])
+    shipped = ship(docker_client(None), node, tag)
+    return StageResult(changed=shipped, summary=[f"stand-in {tag}: {'shipped to the node' if shipped else 'on the node'}",
+                                                 f"not verified: {note}"],
+                       data={"tag": tag, "record": _image_record(tag, local, None, [], note)})
+
+
 def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     from gpunode.image import BuildError, VerifyError, build, verify
+    from gpunode.image.ship import image_id, ship
 
+    if host.image.lab_stand_in:
+        return _stand_in_image(host, fw, check_mode)
     tag = plan.image_tag(host.image)
+    local = host.image.build_on == "local"
     buffer = io.StringIO()
     if check_mode:
-        client = docker_client(fw.docker_url)
-        present = bool(client.images.list(name=tag))
+        present = image_id(docker_client(fw.docker_url), tag) is not None
         return StageResult(changed=not present, summary=[f"image {tag}: {'present' if present else 'would be built'}"])
     try:
-        built = build(host.image, fw.docker_url, _console(buffer))
-        report = verify(built.tag, list(plan.server_launch(host).argv), fw.docker_url)
+        built = build(host.image, None if local else fw.docker_url, _console(buffer))
+        report = verify(built.tag, list(plan.server_launch(host).argv), None if local else fw.docker_url)
     except (BuildError, VerifyError) as exc:
         return StageResult(failed=True, summary=[str(exc)], data={"log": buffer.getvalue()[-4000:]})
     lines = [f"image {built.tag}: {'built in %.0f s' % built.seconds if built.built else 'present, not rebuilt'}"]
     lines += [f"{'OK  ' if f.ok else 'FAIL'} {f.name}: {f.detail}" for f in report.findings]
-    return StageResult(changed=built.built, failed=not report.ok, summary=lines,
-                       data={"tag": built.tag, "built": built.built, "verify_ok": report.ok})
+    shipped = False
+    if local and report.ok:
+        # Built here: the node's engine is where the server runs it.
+        shipped = ship(docker_client(None), docker_client(fw.docker_url), built.tag)
+        lines.append(f"image {built.tag}: {'shipped to the node' if shipped else 'already on the node'}")
+    record = _image_record(built.tag, image_id(docker_client(fw.docker_url), built.tag), report.ok,
+                           [f.name for f in report.findings if not f.ok])
+    return StageResult(changed=built.built or shipped, failed=not report.ok, summary=lines,
+                       data={"tag": built.tag, "built": built.built, "verify_ok": report.ok, "record": record})
 
 
 def _p2p_archive() -> bytes:
@@ -110,8 +145,21 @@ def p2p(host: Host, fw: Forward, check_mode: bool) -> StageResult:
         return StageResult(failed=True, summary=[f"p2p check exited {code} without a JSON report: {output[-500:]}"])
     verdict = report.get("verdict", {})
     lines = [f"p2p: {verdict.get('status')} (exit {code}): {verdict.get('summary', '')}"]
-    lines += [f"{f.get('status', '').upper():4} {f.get('name', '')}: {f.get('detail', '')}" for f in verdict.get("findings", [])]
-    return StageResult(failed=code not in P2P_OK, summary=lines, data={"exit_code": code, "verdict": verdict})
+    lines += [_finding_line(f) for f in verdict.get("findings", [])]
+    return StageResult(failed=code not in P2P_OK, summary=lines, data={"exit_code": code, "verdict": verdict,
+                                                                       "record": p2p_record(host.container.gpus, code, verdict)})
+
+
+def _finding_line(finding: dict[str, Any]) -> str:
+    return f"{finding['severity'].upper():4} {finding['subject']} {finding['code']}: {finding['message']}"
+
+
+def p2p_record(gpus: str | list[int], code: int, verdict: dict[str, Any]) -> dict[str, Any]:
+    """What the node keeps in /etc/gpunode/p2p.json for `gpunode check`: the verdict, no timings
+    (the check asks "did it pass, for these GPUs", not the numbers, which `gpunode p2p` reports)."""
+    return {"gpus": gpus, "ok": code in P2P_OK, "exit_code": code, "status": verdict.get("status"),
+            "summary": verdict.get("summary", ""),
+            "failed": [_finding_line(f) for f in verdict.get("findings", []) if f["severity"] == "fail"]}
 
 
 def _mkdir(container: Any) -> bool:
@@ -131,12 +179,26 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
     buffer = io.StringIO()
-    outcome = run_serve(host, plan.image_tag(host.image), fw.docker_url, _console(buffer), timeout_s,
-                        gpu_handoff=_handoff(host))
+    memlock, notes = -1, []
+    if host.lab:
+        memlock = _engine_memlock_limit(docker_client(fw.docker_url), plan.server_image(host))
+        if memlock != -1:
+            notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
+                         "a real node gives the server unlimited")
+    outcome = run_serve(host, plan.server_image(host), fw.docker_url, _console(buffer), timeout_s,
+                        gpu_handoff=_handoff(host), memlock_bytes=memlock, engine_is_local=False)
     action = outcome.start.action if outcome.start else "none"
-    lines = [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
+    lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
     return StageResult(changed=action in ("started", "created", "replaced"), failed=outcome.exit_code != 0,
                        summary=lines, data=outcome.as_dict())
+
+
+def _engine_memlock_limit(client: Any, image: str) -> int:
+    """The hard memlock limit a container gets from this engine (-1: unlimited). A lab whose machine
+    is itself a container without CAP_SYS_RESOURCE cannot give the unlimited one sglang asks for."""
+    program = "import resource; print(resource.getrlimit(resource.RLIMIT_MEMLOCK)[1])"
+    output = client.containers.run(image, ["python3", "-c", program], remove=True, network_mode="none")
+    return int(output.decode().strip())
 
 
 def smoke(host: Host, fw: Forward, check_mode: bool) -> StageResult:
@@ -148,12 +210,17 @@ def smoke(host: Host, fw: Forward, check_mode: bool) -> StageResult:
         return StageResult(summary=["smoke: run only in a real run"])
     local = fw.ports[host.server.port]
     client = docker_client(fw.docker_url)
-    runner = DockerBenchRunner(client, plan.image_tag(host.image), str(host.model.path))
+    from gpunode.serve.command import probe_address
+
+    # The checks go through the SSH forward; the bench runs on the node, where the port is published.
+    runner = DockerBenchRunner(client, plan.server_image(host), str(host.model.path),
+                               server_url=f"http://{probe_address(host.server.bind)}:{host.server.port}")
     api_key = host.server.api_key.resolve() if host.server.api_key else None
     out = io.StringIO()
     code = run_smoke(f"http://127.0.0.1:{local}", host.served_name, api_key, runner, True, out)
     report = json.loads(out.getvalue())
-    lines = [f"{c['status'].upper():4} {c['name']}: {c.get('detail', '')}" for c in report.get("checks", [])]
+    checks = sorted(report.get("checks", []), key=lambda c: c["status"] != "fail")  # the failure message: first line
+    lines = [f"{c['status'].upper():4} {c['name']}: {c.get('detail', '')}" for c in checks]
     return StageResult(failed=code != 0, summary=lines, data={"exit_code": code, "timings": report.get("timings")})
 
 
@@ -168,21 +235,17 @@ def run(stage: str, host: Host, api_key_file: str | None, check_mode: bool) -> S
         host = host.model_copy(update={"server": host.server.model_copy(update={"api_key": SecretRef(file=Path(api_key_file))})})
     import docker
 
+    missing = (f"the image {plan.server_image(host) if stage != 'p2p' else plan.image_tag(host.image)} is not on the "
+               "node's engine: run the image stage first (`gpunode provision --tags image`)")
     try:
-        if stage == "image" and host.image.build_on == "local":
-            return image(host, Forward(None, {}), check_mode)
         ports = (host.server.port,) if stage == "smoke" else ()
         with forward(host.container.reach, ports) as fw:
             return STAGE_RUNNERS[stage](host, fw, check_mode)
     except docker.errors.ImageNotFound:
-        return StageResult(failed=True, summary=[
-            f"the image {plan.image_tag(host.image)} is not on the node's engine: run the image stage "
-            f"first (`gpunode provision --tags image`)"])
+        return StageResult(failed=True, summary=[missing])
     except docker.errors.NotFound as exc:
         if "No such image" in str(exc):
-            return StageResult(failed=True, summary=[
-                f"the image {plan.image_tag(host.image)} is not on the node's engine: run the image stage "
-                f"first (`gpunode provision --tags image`)"])
+            return StageResult(failed=True, summary=[missing])
         return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
     except docker.errors.DockerException as exc:
         return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])

@@ -62,6 +62,13 @@ LAB_LEAVES_OUT: dict[str, str] = {
     "serve": "the lab has no GPU behind its node",
     "smoke": "the lab has no GPU behind its node",
 }
+# With image.lab_stand_in the image stage ships the fake server's image and serve/smoke run it.
+STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke")
+
+
+def lab_leaves_out(stand_in: bool) -> dict[str, str]:
+    """The stages a lab run leaves out, with why; fewer when the lab has a stand-in server."""
+    return {name: why for name, why in LAB_LEAVES_OUT.items() if not (stand_in and name in STAND_IN_RUNS)}
 
 
 def built_stages() -> list[str]:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import resource
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import docker
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_image_build import ensure_fake_image  # noqa: E402 - tests/docker put on the path just above
+from gpunode.labimage import ensure_fake_image
 
 
 @pytest.fixture(scope="session")

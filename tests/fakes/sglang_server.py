@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in for SGLang 0.5.9's HTTP server and its startup, for tests. Standard library only: it
-runs both as a local subprocess and inside the bare Debian test image (tests/docker/fake_image_build.py).
+runs both as a local subprocess and inside the bare Debian test image (src/gpunode/labimage.py).
 
 It takes the real launch command line (``--model-path --served-model-name --host --port --api-key
 --config ...``; unknown flags are ignored, so the profile's argv works unchanged) and reproduces,

@@ -147,3 +147,21 @@ def test_each_built_stage_is_one_tagged_play() -> None:
     for name in stages.built_stages():
         plays = yaml.safe_load((ROOT / "playbooks" / "stages" / f"{name}.yml").read_text())
         assert len(plays) == 1 and plays[0]["tags"] == [name]
+
+
+def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
+    from gpunode.labimage import FAKE_REPO, fake_tag
+
+    lab = hostfile.load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
+    built = plan.plan_host(lab)
+    assert built.image["lab_stand_in"] == "fake-sglang"
+    assert built.image["server_image"] == fake_tag() and fake_tag().startswith(FAKE_REPO + ":")
+    assert built.image["tag"] == plan.image_tag(lab.image), "the real image's tag is still planned"
+    real = lab.model_copy(update={"image": lab.image.model_copy(update={"lab_stand_in": None})})
+    assert plan.server_image(real) == plan.image_tag(real.image)
+
+
+def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:
+    assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke"}
+    assert set(stages.lab_leaves_out(True)) == {"p2p"}, "the fake server cannot measure P2P"
+    assert "no GPU" in stages.lab_leaves_out(True)["p2p"]
