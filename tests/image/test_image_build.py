@@ -153,3 +153,23 @@ def test_verify_leaves_no_container(built: BuildResult, engine: docker.DockerCli
     verify(built.tag, profile_argv(), None, kernels=False)
     left = engine.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.probe=1"})
     assert left == []
+
+
+def test_image_layer_pin_checks_read_the_built_image(built: BuildResult, image_spec: Image) -> None:
+    """`gpunode check`'s image layer, through testinfra on this machine (whose engine holds the real
+    image): every pin passes; a host file pinning another sglang is named."""
+    import testinfra
+
+    from gpunode.checks import test_image as image_layer
+
+    here = testinfra.get_host("local://")
+    hostvars = {"gpunode_server_image": built.tag, "gpunode_image_stand_in": None,
+                "gpunode_image_pins": image_spec.pins.model_dump()}
+    for pin in image_spec.pins.model_dump():
+        image_layer.test_image_pin_matches(pin, here, hostvars)
+    other = {**hostvars, "gpunode_image_pins": {**hostvars["gpunode_image_pins"], "sglang": "0.5.10"}}
+    with pytest.raises(AssertionError, match=r"the image has sglang 0\.5\.9, the host file pins 0\.5\.10"):
+        image_layer.test_image_pin_matches("sglang", here, other)
+    gone = {**hostvars, "gpunode_server_image": built.tag + "-absent"}
+    with pytest.raises(pytest.fail.Exception, match="is not on the node's engine"):
+        image_layer.test_server_image_present(here, gone)

@@ -170,6 +170,7 @@ def test_no_result_line_fails_the_level(tmp_path: Path) -> None:
 
 class Unavailable:
     tokenizer = "/model"
+    server_url = None
 
     def __init__(self) -> None:
         self.calls = 0

@@ -134,6 +134,7 @@ def test_bad_input_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 class Unavailable:
     tokenizer = "/model"
+    server_url = None
 
     def run(self, argv_for: Any, env: Mapping[str, str], timeout_s: float) -> bench.BenchRun:
         raise bench.BenchUnavailable("Docker is unreachable")

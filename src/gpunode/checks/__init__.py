@@ -9,5 +9,5 @@ gpunode writes (every expectation travels in its host variables)::
 from pathlib import Path
 
 CHECKS_DIR = Path(__file__).resolve().parent
-# The layers written so far; image, server and p2p are still to come (README, "gpunode check").
-LAYERS = ("host", "container", "inside")
+# In the order a node is built: each layer stands on the ones before it.
+LAYERS = ("host", "container", "inside", "image", "p2p", "server")

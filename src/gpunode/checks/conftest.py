@@ -62,3 +62,15 @@ def node_devices(host: Any) -> dict[str, Any]:
 
 def quote(text: str) -> str:
     return shlex.quote(text)
+
+
+def docker_inspect(host: Any, kind: str, name: str) -> dict[str, Any] | None:
+    """`docker {kind} inspect NAME` on the host, or None when there is no such object (or no Docker)."""
+    result = host.run(f"docker {kind} inspect {quote(name)}")
+    return json.loads(result.stdout)[0] if result.rc == 0 else None
+
+
+def node_record(host: Any, name: str) -> dict[str, Any] | None:
+    """A stage's record on the node (/etc/gpunode/NAME.json), or None when the stage never wrote it."""
+    record = host.file(f"/etc/gpunode/{name}.json")
+    return json.loads(record.content_string) if record.exists else None

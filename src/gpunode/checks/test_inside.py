@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -63,6 +64,31 @@ def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_dev
     seen = json.loads(result.stdout)
     want = {p: [e["major"], e["minor"]] for p, e in node_devices["devices"].items() if e["char"]}
     assert seen == want, f"a container sees {seen}, the LXC has {want} -> run `gpunode provision --tags node`"
+
+
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+NO_CGROUPS = re.compile(r"^\s*no-cgroups\s*=\s*true\s*$", re.MULTILINE)
+FIX_NODE = "run `gpunode provision --tags node`"
+
+
+def _toolkit_node(gpu_node: Any, hostvars: dict[str, Any]) -> Any:
+    if hostvars["gpunode_gpu_handoff"] != "nvidia-runtime":
+        pytest.skip("devices hand-off: the NVIDIA container toolkit is not used on this node")
+    return gpu_node
+
+
+def test_toolkit_leaves_cgroups_to_lxc(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    # In an LXC container the device rules are Proxmox's (devN); a runtime writing its own fails.
+    config = _toolkit_node(gpu_node, hostvars).file(TOOLKIT_CONFIG)
+    assert config.exists, f"{TOOLKIT_CONFIG} missing: the toolkit is not installed -> {FIX_NODE}"
+    assert NO_CGROUPS.search(config.content_string), \
+        f"{TOOLKIT_CONFIG} lacks 'no-cgroups = true' (edited by hand?): containers fail to start in LXC -> {FIX_NODE}"
+
+
+def test_docker_knows_the_nvidia_runtime(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    daemon = _toolkit_node(gpu_node, hostvars).file("/etc/docker/daemon.json")
+    runtimes = json.loads(daemon.content_string).get("runtimes", {}) if daemon.exists else {}
+    assert "nvidia" in runtimes, f"/etc/docker/daemon.json has no nvidia runtime ({sorted(runtimes)}) -> {FIX_NODE}"
 
 
 def test_userspace_matches_host_module(gpu_node: Any, hostvars: dict[str, Any]) -> None:

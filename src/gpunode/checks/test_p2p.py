@@ -1,0 +1,23 @@
+"""Layer p2p: the verdict of the last P2P measurement, recorded on the node by the p2p stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpunode.checks.conftest import node_record
+
+FIX = "run `gpunode provision --tags p2p`"
+
+
+def test_p2p_verdict(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    record = node_record(gpu_node, "p2p")
+    if record is None:
+        if hostvars.get("gpunode_lab"):
+            pytest.skip("lab: no GPU behind the node, so P2P is never measured here (README, 'The lab')")
+        pytest.fail(f"no P2P verdict recorded on the node (/etc/gpunode/p2p.json) -> {FIX}")
+    assert record["gpus"] == hostvars["gpunode_node_gpus"], \
+        f"measured with GPUs {record['gpus']}, the host file selects {hostvars['gpunode_node_gpus']} -> {FIX}"
+    failed = "; ".join(record["failed"]) or record["summary"]
+    assert record["ok"], f"P2P {record['status']} (exit {record['exit_code']}): {failed} -> {FIX}"

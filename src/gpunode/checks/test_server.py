@@ -1,0 +1,99 @@
+"""Layer server: the SGLang server container on the node: running the right image and command
+line, healthy, serving the configured model. Failures show the server's last log lines."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from gpunode.checks.conftest import docker_inspect, quote
+from gpunode.serve.spec import API_KEY_CONFIG, container_argv
+
+FIX = "run `gpunode provision --tags serve`"
+LOG_LINES = 8
+LOG_READ = 200
+ACCESS_LINE = re.compile(r'INFO: +\S+ - "[A-Z]+ ')  # uvicorn's access log: says nothing about a failure
+# Run inside the server container: GET a path on the server, with the API key the container holds
+# (its --config file) when it has one, so that the key never leaves the node. Prints status and body.
+GET = """
+import json, os, sys, urllib.request, urllib.error
+req = urllib.request.Request('http://127.0.0.1:%d' + sys.argv[1])
+if os.path.exists(%r):
+    req.add_header('Authorization', 'Bearer ' + json.load(open(%r))['api-key'])
+try:
+    r = urllib.request.urlopen(req, timeout=30); print(r.status); print(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+except Exception as e:
+    print(0); print(e)
+"""
+
+
+def _log_tail(node: Any, name: str) -> str:
+    """The server's last log lines that are not HTTP access lines, joined on one line."""
+    lines = node.run(f"docker logs --tail {LOG_READ} {quote(name)} 2>&1").stdout.splitlines()
+    kept = [line.strip() for line in lines if line.strip() and not ACCESS_LINE.search(line)][-LOG_LINES:]
+    return " | ".join(kept) or "(empty)"
+
+
+def _container(node: Any, hostvars: dict[str, Any]) -> dict[str, Any] | None:
+    return docker_inspect(node, "container", hostvars["gpunode_server_container"])
+
+
+def _running(node: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
+    """The running server container; the checks that need one fail briefly without it (the
+    reason and the log lines are test_server_container_running's)."""
+    found = _container(node, hostvars)
+    if found is None or not found["State"]["Running"]:
+        pytest.fail(f"the server container is not running (see test_server_container_running) -> {FIX}")
+    return found
+
+
+def _get(node: Any, hostvars: dict[str, Any], path: str) -> tuple[int, str]:
+    program = GET % (hostvars["gpunode_server_port"], API_KEY_CONFIG, API_KEY_CONFIG)
+    result = node.run(f"docker exec {quote(hostvars['gpunode_server_container'])} python3 -c {quote(program)} {quote(path)}")
+    status, _, body = result.stdout.partition("\n")
+    return (int(status) if status.strip().isdigit() else 0), body.strip() or result.stderr.strip()
+
+
+def test_server_container_running(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    name = hostvars["gpunode_server_container"]
+    found = _container(gpu_node, hostvars)
+    assert found is not None, f"no server container {name} on the node -> {FIX}"
+    state = found["State"]
+    assert state["Running"], f"{name} is {state['Status']} (exit {state['ExitCode']}); last log lines: " \
+                             f"{_log_tail(gpu_node, name)} -> {FIX}"
+
+
+def test_server_runs_configured_image(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    container = _running(gpu_node, hostvars)
+    image = docker_inspect(gpu_node, "image", hostvars["gpunode_server_image"])
+    assert image is not None and container["Image"] == image["Id"], \
+        f"the server runs {container['Config']['Image']} ({container['Image'][:19]}), not the host file's " \
+        f"{hostvars['gpunode_server_image']} -> run `gpunode provision --tags image,serve`"
+
+
+def test_server_command_line(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    container = _running(gpu_node, hostvars)
+    want = container_argv(hostvars["gpunode_server_argv"], bool(hostvars.get("gpunode_server_api_key_file")))
+    have = container["Config"]["Cmd"]
+    assert have == want, f"the server runs {' '.join(have)}; the host file means {' '.join(want)} -> {FIX}"
+
+
+def test_server_healthy(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    _running(gpu_node, hostvars)
+    status, body = _get(gpu_node, hostvars, "/health_generate")
+    assert status == 200, f"/health_generate answered {status or 'nothing'}: {body[:200]}; last log lines: " \
+                          f"{_log_tail(gpu_node, hostvars['gpunode_server_container'])} -> {FIX}"
+
+
+def test_server_serves_model(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    _running(gpu_node, hostvars)
+    status, body = _get(gpu_node, hostvars, "/v1/models")
+    assert status == 200, f"/v1/models answered {status or 'nothing'}: {body[:200]} -> {FIX}"
+    names = [model.get("id") for model in json.loads(body).get("data", [])]
+    assert hostvars["gpunode_served_name"] in names, \
+        f"/v1/models lists {names}, not {hostvars['gpunode_served_name']} -> {FIX}"
