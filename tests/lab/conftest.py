@@ -22,3 +22,11 @@ def lab_status() -> dict[str, object]:
 @pytest.fixture(autouse=True)
 def _needs_lab(lab_status: dict[str, object]) -> None:
     """Every test under tests/lab needs the lab."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Keep each phase's report on the item, so that a fixture can tell whether its test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)

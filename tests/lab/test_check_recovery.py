@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -17,7 +18,10 @@ from pathlib import Path
 import pytest
 
 import gpunode.lab as lab
+from gpunode import stagerun
+from gpunode.labimage import fake_tag
 from gpunode.pve.client import Connection, PveClient
+from gpunode.serve.spec import CONTAINER_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
@@ -65,6 +69,26 @@ def hand_gpus_back_to_vfio() -> None:
     on(lab.HOST_CONTAINER_IP, "echo 'options vfio-pci ids=10de:2bb1' > /etc/modprobe.d/vfio.conf")
 
 
+def remove_server_image() -> None:
+    # -f: the running server holds it; the tag goes, the server keeps running on the untagged image.
+    on(lab.CONTAINER_IP, f"docker rmi -f {fake_tag()}")
+
+
+def kill_server_container() -> None:
+    on(lab.CONTAINER_IP, f"docker kill {CONTAINER_NAME}")
+
+
+def rewrite_node_json(path: str, **changes: object) -> None:
+    program = (f"import json; p = {path!r}; d = json.load(open(p)); d.update({changes!r}); "
+               "open(p, 'w').write(json.dumps(d))")
+    result = on(lab.CONTAINER_IP, f"python3 -c {shlex.quote(program)}")
+    assert result.returncode == 0, result.stderr
+
+
+def record_failed_verify() -> None:
+    rewrite_node_json("/etc/gpunode/image.json", verified=False, failed=["sm120-kernels"])
+
+
 SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
     ("container-stopped", stop_container, "container", "test_container_running"),
     ("devn-removed", remove_devn, "container", "test_container_config_matches[devices]"),
@@ -74,11 +98,15 @@ SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
     ("node-record-edited", edit_node_record, "inside", "test_node_record_matches"),
     ("node-unit-disabled", disable_node_unit, "host", "test_device_node_unit_enabled"),
     ("gpus-back-on-vfio", hand_gpus_back_to_vfio, "host", "test_no_nvidia_ids_left_for_vfio"),
+    ("image-removed", remove_server_image, "image", "test_server_image_present"),
+    ("server-container-killed", kill_server_container, "server", "test_server_container_running"),
+    ("image-record-says-verify-failed", record_failed_verify, "image", "test_image_verified"),
 ]
 
 
-def check(gpunode) -> tuple[int, dict]:
-    result = gpunode("check", str(LAB_HOSTS), "--json", timeout=600)
+def check(gpunode, *layers: str) -> tuple[int, dict]:
+    chosen = [arg for layer in layers for arg in ("--layer", layer)]
+    result = gpunode("check", str(LAB_HOSTS), "--json", *chosen, timeout=600)
     return result.returncode, json.loads(result.stdout)
 
 
@@ -93,10 +121,13 @@ def converged(gpunode_module) -> None:
 
 
 @pytest.fixture
-def repaired_after(gpunode) -> Iterator[None]:
-    """Whatever a scenario asserts, leave the lab converged for the next one."""
+def repaired_after(gpunode, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Leave the lab converged for the next scenario. A passing one ends converged (its last check
+    passed), so only a failed one needs the extra provision."""
     yield
-    gpunode("provision", str(LAB_HOSTS), timeout=900)
+    call = getattr(request.node, "report_call", None)
+    if call is None or not call.passed:
+        gpunode("provision", str(LAB_HOSTS), timeout=900)
 
 
 @pytest.mark.parametrize("name,breakage,layer,check_name", SCENARIOS, ids=[s[0] for s in SCENARIOS])
@@ -110,6 +141,8 @@ def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, repai
     assert (layer, check_name) in failing(broken), failing(broken)
     message = next(r["message"] for r in broken["results"] if (r["layer"], r["check"]) == (layer, check_name))
     assert "gpunode provision" in message, "the failure names the remedy"
+    if check_name == "test_server_container_running":
+        assert "last log lines:" in message and "The server is fired up" in message, message
     repaired = gpunode("provision", str(LAB_HOSTS), "--json", timeout=900)
     assert repaired.returncode == 0, repaired.stderr
     assert sum(json.loads(repaired.stdout)["stats"].get("changed", {}).values()) >= 1
@@ -145,3 +178,33 @@ def test_interrupted_provision_then_rerun_converges(gpunode, converged: None, tm
     assert rerun.returncode == 0, rerun.stderr
     rc, report = check(gpunode)
     assert rc == 0, failing(report)
+
+
+def test_p2p_verdict_is_read_from_the_node_record(gpunode, converged: None) -> None:
+    """The lab never measures P2P (no GPU): its check skips, saying so. A record as the p2p stage
+    writes it (from the two-GPU H200 recording) is judged: passing, stale, failing."""
+    path = "/etc/gpunode/p2p.json"
+    fixture = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "p2p" / "h200x2" / "p2p_x2.json").read_text())
+    verdict = fixture["verdict"]
+
+    def write(record: dict) -> tuple[int, dict]:
+        program = f"import json; open({path!r}, 'w').write(json.dumps({record!r}))"
+        assert on(lab.CONTAINER_IP, f"python3 -c {shlex.quote(program)}").returncode == 0
+        return check(gpunode, "p2p")
+
+    try:
+        rc, report = check(gpunode, "p2p")
+        [result] = report["results"]
+        assert rc == 0 and result["status"] == "skip" and "never measured here" in result["message"]
+        rc, report = write(stagerun.p2p_record([0, 1], 0, verdict))
+        assert rc == 0 and report["results"][0]["status"] == "pass"
+        rc, report = write(stagerun.p2p_record([0], 0, verdict))
+        assert rc == 1 and "measured with GPUs [0], the host file selects [0, 1]" in report["results"][0]["message"]
+        failing = {**verdict, "findings": verdict["findings"] + [
+            {"severity": "fail", "code": "p2p-unavailable", "subject": "GPU0->GPU1", "message": "P2P read not supported"}]}
+        rc, report = write(stagerun.p2p_record([0, 1], 1, failing))
+        message = report["results"][0]["message"]
+        assert rc == 1 and "GPU0->GPU1 p2p-unavailable: P2P read not supported" in message
+        assert "gpunode provision --tags p2p" in message
+    finally:
+        on(lab.CONTAINER_IP, f"rm -f {path}")
