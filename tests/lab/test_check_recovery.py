@@ -143,6 +143,8 @@ def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, repai
     assert "gpunode provision" in message, "the failure names the remedy"
     if check_name == "test_server_container_running":
         assert "last log lines:" in message and "The server is fired up" in message, message
+    if check_name == "test_docker_running":
+        assert "last journal lines:" in message and "Stopped docker.service" in message, message
     repaired = gpunode("provision", str(LAB_HOSTS), "--json", timeout=900)
     assert repaired.returncode == 0, repaired.stderr
     assert sum(json.loads(repaired.stdout)["stats"].get("changed", {}).values()) >= 1

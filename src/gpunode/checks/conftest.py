@@ -74,3 +74,9 @@ def node_record(host: Any, name: str) -> dict[str, Any] | None:
     """A stage's record on the node (/etc/gpunode/NAME.json), or None when the stage never wrote it."""
     record = host.file(f"/etc/gpunode/{name}.json")
     return json.loads(record.content_string) if record.exists else None
+
+
+def unit_log_tail(host: Any, unit: str, lines: int = 6) -> str:
+    """A systemd unit's last journal lines, on one line (for a failing service check)."""
+    out = host.run(f"journalctl -u {quote(unit)} -n {lines} --no-pager -o cat 2>/dev/null").stdout
+    return " | ".join(line.strip() for line in out.splitlines() if line.strip()) or "(no journal lines)"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpunode.checks.conftest import unit_log_tail
 from gpunode.node.userspace import installed_versions, module_version
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -46,7 +47,8 @@ def test_nodes_open_without_eperm(gpu_node: Any, node_devices: dict[str, Any]) -
 
 
 def test_docker_running(gpu_node: Any) -> None:
-    assert gpu_node.service("docker").is_running, "Docker is not running: run `gpunode provision --tags node`"
+    assert gpu_node.service("docker").is_running, \
+        f"Docker is not running; last journal lines: {unit_log_tail(gpu_node, 'docker')} -> run `gpunode provision --tags node`"
 
 
 def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> None:
