@@ -665,9 +665,10 @@ def _ensure_server_stand_in(progress: Progress) -> bool:
     from gpunode.labimage import ensure_fake_image, fake_tag
 
     client = docker.from_env()
-    had = bool(client.images.list(name=fake_tag()))
+    tag = fake_tag()  # hashes the fake's files: once
+    had = bool(client.images.list(name=tag))
     if not had:
-        progress(f"docker: building the stand-in server image {fake_tag()} (debootstrap, 1-2 minutes the first time)")
+        progress(f"docker: building the stand-in server image {tag} (debootstrap, 1-2 minutes the first time)")
     try:
         tag = ensure_fake_image(client)
     except (docker.errors.DockerException, RuntimeError, subprocess.SubprocessError) as exc:

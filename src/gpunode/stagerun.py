@@ -57,7 +57,8 @@ def _stand_in_image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     from gpunode.image.ship import image_id, ship
 
     tag = plan.server_image(host)
-    local = image_id(docker_client(None), tag)
+    here = docker_client(None)
+    local = image_id(here, tag)
     if local is None:
         return StageResult(failed=True, summary=[f"the lab's stand-in image {tag} is not on this machine's engine: "
                                                  "run `gpunode lab up`"])
@@ -66,7 +67,7 @@ def _stand_in_image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     note = "lab stand-in (fake SGLang server): pins and sm_120 kernels apply to the real image (`gpunode image verify`)"
     if check_mode:
         return StageResult(changed=not present, summary=[f"stand-in {tag}: {'on the node' if present else 'would be shipped'}"])
-    shipped = ship(docker_client(None), node, tag)
+    shipped = ship(here, node, tag)
     return StageResult(changed=shipped, summary=[f"stand-in {tag}: {'shipped to the node' if shipped else 'on the node'}",
                                                  f"not verified: {note}"],
                        data={"tag": tag, "record": _image_record(tag, local, None, [], note)})
@@ -80,9 +81,10 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
         return _stand_in_image(host, fw, check_mode)
     tag = plan.image_tag(host.image)
     local = host.image.build_on == "local"
+    node = docker_client(fw.docker_url)
     buffer = io.StringIO()
     if check_mode:
-        present = image_id(docker_client(fw.docker_url), tag) is not None
+        present = image_id(node, tag) is not None
         return StageResult(changed=not present, summary=[f"image {tag}: {'present' if present else 'would be built'}"])
     try:
         built = build(host.image, None if local else fw.docker_url, _console(buffer))
@@ -94,9 +96,9 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     shipped = False
     if local and report.ok:
         # Built here: the node's engine is where the server runs it.
-        shipped = ship(docker_client(None), docker_client(fw.docker_url), built.tag)
+        shipped = ship(docker_client(None), node, built.tag)
         lines.append(f"image {built.tag}: {'shipped to the node' if shipped else 'already on the node'}")
-    record = _image_record(built.tag, image_id(docker_client(fw.docker_url), built.tag), report.ok,
+    record = _image_record(built.tag, image_id(node, built.tag), report.ok,
                            [f.name for f in report.findings if not f.ok])
     return StageResult(changed=built.built or shipped, failed=not report.ok, summary=lines,
                        data={"tag": built.tag, "built": built.built, "verify_ok": report.ok, "record": record})
