@@ -40,6 +40,9 @@ def main() -> None:
         hosts = {h.name: h for h in hostfile.load(Path(p["hostfile"])).hosts}
     except hostfile.HostFileError as exc:
         module.fail_json(msg=f"host file: {exc}")
+    if p["host"] not in hosts:
+        module.fail_json(msg=f"host file {p['hostfile']}: no host named {p['host']!r} "
+                             f"(it has: {', '.join(hosts) or 'none'})")
     try:
         result = stagerun.run(p["stage"], hosts[p["host"]], p["api_key_file"], module.check_mode)
     except EngineUnreachable as exc:
@@ -52,4 +55,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
+        import json
+        import sys
+        import traceback
+
+        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
+                          "exception": traceback.format_exc()}))
+        sys.exit(1)

@@ -7,6 +7,8 @@ where the hand-off is verified (inside the container).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.nvidia_nodes import scan
 
@@ -49,4 +51,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
+        import json
+        import sys
+        import traceback
+
+        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
+                          "exception": traceback.format_exc()}))
+        sys.exit(1)

@@ -38,6 +38,7 @@ options:
   ssh_public_keys_file: {type: path}
   allow_restart: {type: bool, default: false}
   allow_recreate: {type: bool, default: false}
+  adopt: {type: bool, default: false, description: take over a container gpunode did not make (adds its mark)}
 """
 
 ARGS = {
@@ -63,6 +64,7 @@ ARGS = {
     "ssh_public_keys_file": {"type": "path"},
     "allow_restart": {"type": "bool", "default": False},
     "allow_recreate": {"type": "bool", "default": False},
+    "adopt": {"type": "bool", "default": False},
 }
 
 
@@ -86,7 +88,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGS, supports_check_mode=True)
     try:
         from gpunode.pve import lxc
-        from gpunode.pve.client import Connection, PveClient, PveError
+        from gpunode.pve.client import Connection, PveClient, PveError, PveUnreachable
     except ImportError as exc:
         module.fail_json(msg=f"gpunode is not importable by {module._name}'s interpreter ({exc}): "
                              "run it through gpunode, which sets ansible_python_interpreter for localhost")
@@ -97,7 +99,12 @@ def main() -> None:
         module.fail_json(msg=f"GPU device nodes: {exc}")
     desired = {**p["config"], **devices}
     if p["ssh_public_keys_file"]:
-        desired["ssh-public-keys"] = Path(p["ssh_public_keys_file"]).expanduser().read_text(encoding="utf-8")
+        keys_file = Path(p["ssh_public_keys_file"]).expanduser()
+        try:
+            desired["ssh-public-keys"] = keys_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            module.fail_json(msg=f"container.ssh_public_keys: cannot read {keys_file}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}; nothing was changed")
     if not p["tls_verify"]:
         module.warn(f"TLS verification of {p['api_url']} is off: credentials can be read on the path")
     conn = Connection(
@@ -109,7 +116,11 @@ def main() -> None:
     client = PveClient(conn)
     try:
         result = lxc.ensure(client, p["node"], desired, check_mode=module.check_mode,
-                            allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"])
+                            allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"])
+    except PveUnreachable as exc:
+        # Runs on localhost, so Ansible would call it a plain failure: gpunode reads this flag
+        # and reports the host as unreachable (exit 3).
+        module.fail_json(msg=str(exc), gpunode_unreachable=True, requests=dict(client.counts))
     except PveError as exc:
         module.fail_json(msg=str(exc), requests=dict(client.counts))
     for warning in result.warnings:
@@ -119,6 +130,7 @@ def main() -> None:
         changed=result.changed,
         vmid=result.vmid,
         created=result.created,
+        adopted=result.adopted,
         started=result.started,
         restarted=result.restarted,
         restart_needed=result.restart_needed,
@@ -134,4 +146,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
+        import json
+        import sys
+        import traceback
+
+        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
+                          "exception": traceback.format_exc()}))
+        sys.exit(1)

@@ -99,12 +99,19 @@ def provision(
         "--restart-container", help="restart a running container when device changes need it")] = False,
     recreate_container: Annotated[bool, typer.Option(
         "--recreate-container", help="re-create the container when a change needs it (DESTROYS its disk)")] = False,
+    adopt: Annotated[bool, typer.Option(
+        "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
+                        "converge and mark it")] = False,
     vault_password_file: Annotated[Optional[Path], typer.Option(
         "--vault-password-file", help="for {vault: PATH} secrets")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")] = False,
     verbose: Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")] = 0,
 ) -> None:
-    """Run the provision playbook: host, container, node, image, p2p, serve, smoke."""
+    """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
+
+    An existing container without gpunode's tag is never changed (exit 1, naming it) unless
+    --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
+    """
     from gpunode import stages as stage_list
 
     hf = _load(path)
@@ -125,6 +132,8 @@ def provision(
         chosen = [name for name in chosen if name not in lab_skipped]
     if not chosen:
         _die(2, [f"no built stage selected (built: {', '.join(built)})"])
+    if adopt and "container" not in chosen:
+        _die(2, ["--adopt takes over a container: it needs the container stage, which is not selected"])
 
     from rich.console import Console
 
@@ -140,10 +149,23 @@ def provision(
             for name, why in lab_skipped.items():
                 console.print(f"lab: not running stage {name}: {why} "
                               f"(--tags {name} runs it anyway)", markup=False)
-            summary = run_provision(
-                hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
-                extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
-                vault_password_file=vault_password_file, source=path)
+            extravars = {"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container,
+                         "gpunode_adopt": adopt}
+            summary = None
+            if adopt and not check:
+                # The full diff first, as --check --diff shows it; nothing is written by this pass.
+                console.print("adopt: what taking the container over changes (check mode, nothing written yet):",
+                              markup=False)
+                summary = run_provision(
+                    hf, ["container"], check=True, diff=True, limit=limit, verbosity=verbose, console=console,
+                    secrets=secrets, extravars=extravars, vault_password_file=vault_password_file, source=path)
+                if summary.exit_code == 0:
+                    console.print("adopt: converging and marking it now", markup=False)
+                    summary = None
+            if summary is None:
+                summary = run_provision(
+                    hf, chosen, check=check, diff=diff or adopt, limit=limit, verbosity=verbose, console=console,
+                    secrets=secrets, extravars=extravars, vault_password_file=vault_password_file, source=path)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:

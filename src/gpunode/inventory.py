@@ -102,7 +102,7 @@ def _host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
         "gpunode_api_tls_ca_file": str(host.api.tls.ca_file) if host.api.tls.ca_file else None,
         "gpunode_api_tls_fingerprint": host.api.tls.fingerprint,
         "gpunode_api_timeout_s": host.api.timeout_s,
-        "gpunode_container": container_config(host.container, with_devices=False),
+        "gpunode_container": container_config(host.container, host.name, with_devices=False),
         "gpunode_container_gpus": host.container.gpus,
         "gpunode_container_mig": host.container.mig,
         "gpunode_driver_version": host.driver.version,

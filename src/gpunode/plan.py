@@ -57,12 +57,15 @@ def net0(container: Container) -> str:
     return value
 
 
-def container_config(container: Container, with_devices: bool = True) -> dict[str, Any]:
+def container_config(container: Container, host_name: str, with_devices: bool = True) -> dict[str, Any]:
     """The Proxmox config the container stage converges to (POST /nodes/{node}/lxc parameters).
 
     Without devices, it is what the container stage is given: the devN lines come from the nodes
-    it finds on the host.
+    it finds on the host. ``tags`` and ``description`` carry gpunode's mark (README "What gpunode
+    owns"); they are compared by inclusion, so an operator's own tags and notes stay.
     """
+    from gpunode.pve.lxc import OWNER_TAG, mark_line
+
     config: dict[str, Any] = {
         "vmid": container.vmid,
         "hostname": container.hostname,
@@ -76,6 +79,8 @@ def container_config(container: Container, with_devices: bool = True) -> dict[st
         "features": "nesting=1,keyctl=1",
         "unprivileged": int(container.unprivileged),
         "onboot": int(container.onboot),
+        "tags": OWNER_TAG,
+        "description": mark_line(host_name),
     }
     if with_devices:
         for entry in dev_entries(container):
@@ -181,7 +186,7 @@ def plan_host(host: Host) -> HostPlan:
              if host.api.tls.verify else "NOT verified"},
         node={"address": reach.address, "port": reach.port, "user": reach.user},
         host_changes=host_changes(host),
-        container=container_config(host.container),
+        container=container_config(host.container, host.name),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
         image={"tag": image_tag(host.image), "base": host.image.base, "build_on": host.image.build_on,
                "pins": host.image.pins.model_dump(), "server_image": server_image(host),

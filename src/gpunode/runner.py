@@ -146,6 +146,12 @@ class Progress:
             self._diff(data.get("diff"))
         elif kind == "runner_on_skipped":
             self.counts["skipped"] += 1
+        elif kind == "runner_on_failed" and data.get("res", {}).get("gpunode_unreachable"):
+            # An API module (run on localhost) that could not reach its host: unreachable, not failed.
+            self.counts["unreachable"] += 1
+            message = _message(data.get("res", {}))
+            self.failures.append(Failure(data.get("host", ""), data.get("task", ""), f"unreachable: {message}"))
+            self._emit(f"  [red]UNREACHABLE[/red] {host}  {task}: {escape(message)}")
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.counts["failed"] += 1
             message = _message(data.get("res", {}))

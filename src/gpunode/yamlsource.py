@@ -17,6 +17,9 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 PathKey = tuple[str | int, ...]
+# A host file has a few hundred values. Aliases may repeat a block, but a file whose aliases
+# expand past this many values is refused before it costs time or memory ("billion laughs").
+MAX_VALUES = 10_000
 
 
 class SourceError(Exception):
@@ -30,6 +33,8 @@ class YamlSource:
     data: Any
     lines: dict[PathKey, int] = field(default_factory=dict)
     problems: list[tuple[PathKey, str, int]] = field(default_factory=list)
+    values: int = 0  # values built so far, aliases counted each time they expand
+    open_nodes: set[int] = field(default_factory=set)  # ids of the nodes being built (a cycle check)
 
     def line_of(self, path: PathKey) -> int | None:
         """Line of the deepest prefix of ``path`` that exists in the file."""
@@ -56,8 +61,29 @@ def _scalar(node: ScalarNode) -> Any:
     return SafeConstructor().construct_object(node, deep=True)
 
 
+class AliasBomb(Exception):
+    """Aliases that refer to themselves or expand past MAX_VALUES."""
+
+
 def _build(node: Node, path: PathKey, src: YamlSource) -> Any:
     src.lines.setdefault(path, node.start_mark.line + 1)
+    src.values += 1
+    if src.values > MAX_VALUES:
+        raise AliasBomb(f"{format_path(path)}: YAML aliases expand past {MAX_VALUES} values; a host file is far "
+                        f"smaller (line {node.start_mark.line + 1})")
+    if id(node) in src.open_nodes:
+        raise AliasBomb(f"{format_path(path)}: a YAML alias refers to the value that holds it "
+                        f"(line {node.start_mark.line + 1})")
+    if isinstance(node, (MappingNode, SequenceNode)):
+        src.open_nodes.add(id(node))
+        try:
+            return _build_collection(node, path, src)
+        finally:
+            src.open_nodes.discard(id(node))
+    return _scalar(node)
+
+
+def _build_collection(node: MappingNode | SequenceNode, path: PathKey, src: YamlSource) -> Any:
     if isinstance(node, MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
@@ -75,9 +101,7 @@ def _build(node: Node, path: PathKey, src: YamlSource) -> Any:
             src.lines[child] = key_node.start_mark.line + 1
             out[key] = _build(value_node, child, src)
         return out
-    if isinstance(node, SequenceNode):
-        return [_build(item, path + (index,), src) for index, item in enumerate(node.value)]
-    return _scalar(node)
+    return [_build(item, path + (index,), src) for index, item in enumerate(node.value)]
 
 
 def load_yaml(path: Path) -> YamlSource:
@@ -101,10 +125,17 @@ def load_yaml(path: Path) -> YamlSource:
         raise SourceError(f"{path}: YAML syntax error: {reason} ({where})") from None
     except yaml.YAMLError as exc:  # pragma: no cover - PyYAML raises marked errors for text input
         raise SourceError(f"{path}: YAML error: {exc}") from None
+    except RecursionError:
+        raise SourceError(f"{path}: YAML nested too deeply for a host file") from None
     if len(nodes) > 1:
         raise SourceError(f"{path}: holds {len(nodes)} YAML documents; a host file is one document")
     src = YamlSource(data=None)
     if not nodes or nodes[0] is None:
         raise SourceError(f"{path}: is empty")
-    src.data = _build(nodes[0], (), src)
+    try:
+        src.data = _build(nodes[0], (), src)
+    except AliasBomb as exc:
+        raise SourceError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise SourceError(f"{path}: YAML nested too deeply for a host file") from None
     return src

@@ -224,3 +224,39 @@ def test_secret_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("GPUNODE_T_SECRET")
     with pytest.raises(LookupError, match="GPUNODE_T_SECRET is not set"):
         hostfile.SecretRef(env="GPUNODE_T_SECRET").resolve()
+
+
+# -- hostile YAML: refused fast, one line, exit 2 ----------------------------------------------
+LAUGHS = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+@pytest.mark.parametrize("text, expected", [
+    (LAUGHS, r"YAML aliases expand past 10000 values.*\(line \d+\)"),
+    ("version: 1\nhosts: &h\n  - name: pve1\n    more: *h\n", r"alias refers to the value that holds it \(line \d+\)"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", r"nested too deeply"),
+])
+def test_hostile_yaml_is_refused_fast(tmp_path: Path, gpunode, text: str, expected: str) -> None:
+    import re
+    import time
+
+    path = tmp_path / "host.yml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(hostfile.HostFileError) as caught:
+        hostfile.load(path)
+    assert time.monotonic() - started < 1.0
+    assert len(caught.value.problems) == 1 and re.search(expected, caught.value.problems[0])
+    result = gpunode("validate", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and re.search(expected, result.stderr)
+

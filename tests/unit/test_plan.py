@@ -21,7 +21,7 @@ def example() -> hostfile.HostFile:
 
 
 def test_container_config_has_every_devn_line(example: hostfile.HostFile) -> None:
-    config = plan.container_config(example.hosts[0].container)
+    config = plan.container_config(example.hosts[0].container, example.hosts[0].name)
     gpu_lines = [config[f"dev{i}"] for i in range(8)]
     assert gpu_lines == [f"/dev/nvidia{i},mode=0666" for i in range(8)]
     assert [config["dev8"], config["dev9"], config["dev10"], config["dev11"]] == [

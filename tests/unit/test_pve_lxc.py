@@ -23,7 +23,7 @@ def desired(**overrides: Any) -> dict[str, Any]:
         "vmid": 200, "hostname": "glm5", "ostemplate": "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst",
         "rootfs": "local-lvm:8", "cores": 4, "memory": 4096, "swap": 0,
         "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1", "features": "nesting=1,keyctl=1",
-        "unprivileged": 0, "onboot": 1,
+        "unprivileged": 0, "onboot": 1, "tags": lxc.OWNER_TAG, "description": lxc.mark_line("pve1"),
         **lxc.device_entries(FOUND, "all", False, CONTROL, ["/dev/nvidia-modeset"]),
     }
     config.update(overrides)
@@ -275,3 +275,100 @@ def test_task_wait_has_a_timeout(fakepve: Any, fakepve_cafile: str) -> None:
     slow = Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, task_timeout_s=0.5)
     with pytest.raises(PveError, match=r"did not finish within 0\.5 s; it may still be running"):
         lxc.ensure(PveClient(slow), NODE, desired())
+
+
+# -- ownership: what gpunode did not make it does not change, and never destroys ---------------
+FOREIGN = {"hostname": "prod-db", "memory": 8192, "cores": 8, "swap": 512, "onboot": 0,
+           "net0": "name=eth0,bridge=vmbr1,ip=dhcp", "rootfs": "local-lvm:vm-200-disk-0,size=8G",
+           "description": "Production database\nowner: the DBA team"}
+
+
+def foreign_ct(fakepve: Any, unprivileged: int = 0, status: str = "running") -> dict[str, Any]:
+    """Someone else's container at vmid 200: no gpunode tag, its own name, memory and network."""
+    fakepve.add_ct(200, "prod-db", node=NODE, status=status, config={**FOREIGN, "unprivileged": unprivileged})
+    return dict(fakepve.ct(200).config)
+
+
+def test_created_container_carries_the_mark(fakepve: Any, conn: Connection) -> None:
+    lxc.ensure(client(conn), NODE, desired())
+    config = fakepve.ct(200).config
+    assert lxc.owned(config) and config["description"].startswith("gpunode: made for host pve1")
+
+
+def test_foreign_container_is_refused_before_any_write(fakepve: Any, conn: Connection) -> None:
+    before = foreign_ct(fakepve)
+    c = client(conn)
+    with pytest.raises(lxc.NotOwned) as caught:
+        lxc.ensure(c, NODE, desired())
+    message = str(caught.value)
+    assert "\n" not in message
+    for part in ("container 200", "hostname prod-db", "running", "'Production database'", "no 'gpunode' tag",
+                 "nothing was changed", "fix container.vmid", "--adopt"):
+        assert part in message, part
+    assert c.writes == 0 and not server_writes(fakepve)
+    assert fakepve.ct(200).config == before and fakepve.ct(200).status == "running"
+
+
+def test_recreate_never_destroys_a_foreign_container(fakepve: Any, conn: Connection) -> None:
+    before = foreign_ct(fakepve, unprivileged=1)
+    for adopt in (False, True):
+        c = client(conn)
+        with pytest.raises(lxc.NotOwned, match="never destroys|--adopt"):
+            lxc.ensure(c, NODE, desired(), allow_recreate=True, adopt=adopt)
+        assert c.writes == 0
+    assert fakepve.ct(200).config == before and fakepve.ct(200).status == "running"
+
+
+def test_adopt_in_check_mode_writes_nothing(fakepve: Any, conn: Connection) -> None:
+    before = foreign_ct(fakepve)
+    c = client(conn)
+    result = lxc.ensure(c, NODE, desired(), check_mode=True, adopt=True)
+    assert result.adopted and result.changed and "would adopt container 200" in result.actions[0]
+    assert {"hostname", "memory", "tags", "description", "dev0"} <= {ch.key for ch in result.changes}
+    assert c.writes == 0 and fakepve.ct(200).config == before
+
+
+def test_adopt_converges_marks_and_keeps_the_operators_notes(fakepve: Any, conn: Connection) -> None:
+    foreign_ct(fakepve)
+    result = lxc.ensure(client(conn), NODE, desired(), adopt=True)
+    assert result.adopted and result.changed
+    config = fakepve.ct(200).config
+    assert lxc.owned(config) and config["hostname"] == "glm5" and int(config["memory"]) == 4096
+    lines = config["description"].splitlines()
+    assert lines[0] == lxc.mark_line("pve1") and "Production database" in lines and "owner: the DBA team" in lines
+    again = client(conn)
+    second = lxc.ensure(again, NODE, desired())  # no --adopt needed any more
+    assert not second.changed and not second.adopted and again.writes == 0
+
+
+def test_adopt_marks_even_when_a_recreate_is_still_needed(fakepve: Any, conn: Connection) -> None:
+    foreign_ct(fakepve, unprivileged=1)
+    with pytest.raises(PveError, match="re-creating.*adopted now"):
+        lxc.ensure(client(conn), NODE, desired(), adopt=True)
+    assert lxc.owned(fakepve.ct(200).config) and int(fakepve.ct(200).config["unprivileged"]) == 1
+    recreated = lxc.ensure(client(conn), NODE, desired(), allow_recreate=True)  # a later run, now gpunode's
+    assert recreated.created and int(fakepve.ct(200).config.get("unprivileged", 0)) == 0
+
+
+def test_operators_own_tags_and_lines_are_left_alone(fakepve: Any, conn: Connection) -> None:
+    lxc.ensure(client(conn), NODE, desired())
+    fakepve.ct(200).config["tags"] = "gpu;gpunode;prod"
+    fakepve.ct(200).config["description"] = lxc.mark_line("pve1") + "\nmaintenance window: Sundays"
+    c = client(conn)
+    assert not lxc.ensure(c, NODE, desired()).changed and c.writes == 0
+
+
+def test_refused_connection_is_unreachable_fast(fakepve_cafile: str) -> None:
+    import socket
+    import time
+
+    from gpunode.pve.client import PveUnreachable
+
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(PveUnreachable, match=f"Proxmox API https://127.0.0.1:{port} unreachable"):
+        lxc.ensure(PveClient(Connection(url=f"https://127.0.0.1:{port}", node=NODE, password="x",
+                                        ca_file=fakepve_cafile)), NODE, desired())
+    assert time.monotonic() - started < 15

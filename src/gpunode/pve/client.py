@@ -35,6 +35,13 @@ class PveError(Exception):
         self.retryable = retryable
 
 
+class PveUnreachable(PveError):
+    """The API did not answer: connection refused or timed out, or its name did not resolve."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, None, retryable=True)
+
+
 class TaskFailed(PveError):
     def __init__(self, message: str, exitstatus: str, log_tail: list[str]) -> None:
         super().__init__(message)
@@ -55,6 +62,8 @@ class Connection:
     ca_file: str | None = None
     fingerprint: str | None = None
     request_timeout_s: float = 30.0
+    # A refused or silent API is "unreachable" in seconds, not after a 30 s read timeout per try.
+    connect_timeout_s: float = 3.0
     task_timeout_s: float = 300.0
     retries: int = 4
     backoff_s: float = 0.5
@@ -110,6 +119,12 @@ def _describe(exc: Exception) -> tuple[str, int | None]:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else 'no detail'}", None
 
 
+def _unreachable(exc: Exception) -> bool:
+    # SSLError is a ConnectionError to requests, but a certificate problem is not an absent host.
+    return isinstance(exc, (requests.ConnectionError, requests.Timeout)) and not isinstance(
+        exc, requests.exceptions.SSLError)
+
+
 class PveClient:
     def __init__(self, conn: Connection, sleep: Callable[[float], None] = time.sleep) -> None:
         self.conn = conn
@@ -152,7 +167,7 @@ class PveClient:
         if self.conn.method == "local":
             return ProxmoxAPI(backend="local", service="PVE")
         host, port = self.conn.host_port
-        common: dict[str, Any] = {"port": port, "verify_ssl": self._verify(), "timeout": self.conn.request_timeout_s,
+        common: dict[str, Any] = {"port": port, "verify_ssl": self._verify(), "timeout": (self.conn.connect_timeout_s, self.conn.request_timeout_s),
                                   "backend": "https", "service": "PVE"}
         if self.conn.method == "token":
             return ProxmoxAPI(host, user=self.conn.user, token_name=self.conn.token_id,
@@ -167,6 +182,8 @@ class PveClient:
                 self._api = self._connect()
             except Exception as exc:  # proxmoxer raises several types at login
                 message, status = _describe(exc)
+                if _unreachable(exc):
+                    raise PveUnreachable(f"Proxmox API {self.conn.url} unreachable: {message}") from None
                 if "401" in message or "authentication failure" in message.lower():
                     raise PveError(f"login to {self.conn.url} as {self.conn.user} refused: {message}", 401) from None
                 retryable = status is None and not isinstance(exc, requests.exceptions.SSLError) or (status or 0) >= 500
@@ -201,7 +218,8 @@ class PveClient:
                     self._api = None
                     continue
                 retryable = (status is None and not isinstance(exc, requests.exceptions.SSLError)) or (status or 0) >= 500
-                error = PveError(f"{method} {path}: {message}", status, retryable)
+                error = (PveUnreachable(f"Proxmox API {self.conn.url} unreachable ({method} {path}): {message}")
+                         if _unreachable(exc) else PveError(f"{method} {path}: {message}", status, retryable))
             if not (error.retryable and method in READS and attempt < self.conn.retries):
                 raise error
             self.sleep(self.conn.backoff_s * (2 ** attempt))

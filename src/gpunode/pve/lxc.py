@@ -1,6 +1,11 @@
 """Converge one LXC container to its desired Proxmox config: create, update, start; never destroy
 unless asked. Pure logic over PveClient, so check mode and every fault path are testable against
 fakepve without Ansible.
+
+Ownership: every container gpunode creates carries the ``gpunode`` tag and a description line
+naming the host file's host (both kept and shown by Proxmox). An existing container without the
+tag is someone else's: nothing is written to it unless the operator adopts it (``adopt``), and it
+is never destroyed, adopted or not (adopt first, re-create in a later run).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode.pve.client import PveClient, PveError, TaskFailed
+from gpunode.pve.client import PveClient, PveError, PveUnreachable, TaskFailed
 
 DEV_KEY = re.compile(r"^dev\d+$")
 # Written only at creation (Proxmox keeps no record of them in the config).
@@ -22,6 +27,10 @@ TOKEN_REFUSED = (
     "is refused even for root (API tokens are always a subset of their user): use auth.method password "
     "(a root@pam ticket) or auth.method local (pvesh on the Proxmox host)"
 )
+OWNER_TAG = "gpunode"
+MARK_PREFIX = "gpunode:"  # the description line gpunode writes starts with this
+# Compared by inclusion, not equality: an operator may add tags and description lines of their own.
+MARK_KEYS = ("tags", "description")
 # What Proxmox means when a key is absent from the config (it stores only non-defaults).
 ABSENT_MEANS = {"unprivileged": "0", "onboot": "0", "protection": "0"}
 SIZE_UNITS = {"K": 1 / 1024 / 1024, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
@@ -39,6 +48,40 @@ def props(value: str) -> dict[str, str]:
         else:
             out["_" if index == 0 else part] = part
     return out
+
+
+def tag_list(value: Any) -> list[str]:
+    """Proxmox's tags property: separated by ';' (the API also accepts ',' and spaces)."""
+    return [tag for tag in re.split(r"[;, ]+", str(value or "").strip().lower()) if tag]
+
+
+def owned(config: Mapping[str, Any]) -> bool:
+    return OWNER_TAG in tag_list(config.get("tags"))
+
+
+def mark_line(host: str) -> str:
+    """The description line of a container gpunode made for ``host``."""
+    return f"{MARK_PREFIX} made for host {host} by gpunode provision; the '{OWNER_TAG}' tag marks it as gpunode's"
+
+
+def first_line(text: Any, width: int = 80) -> str:
+    line = next((part.strip() for part in str(text or "").splitlines() if part.strip()), "")
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def foreign_message(vmid: int, config: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    """One line naming someone else's container and the ways out."""
+    description = first_line(config.get("description"))
+    return (f"container {vmid} (hostname {config.get('hostname', '?')}, {status.get('status', 'status unknown')}, "
+            f"description {description!r}) was not made by gpunode (no '{OWNER_TAG}' tag): nothing was changed; "
+            f"fix container.vmid in the host file, or re-run with --adopt to take it over deliberately")
+
+
+class NotOwned(PveError):
+    """The container exists and is not gpunode's: refused before any write."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 409)
 
 
 def size_gb(text: str) -> float:
@@ -62,6 +105,7 @@ class Result:
     changed: bool = False
     created: bool = False
     started: bool = False
+    adopted: bool = False
     restarted: bool = False
     restart_needed: bool = False
     changes: list[Change] = field(default_factory=list)
@@ -85,7 +129,21 @@ def _same(key: str, live: str | None, want: str | None) -> bool:
         return all(a.get(k) == v for k, v in b.items())
     if key == "features" or DEV_KEY.match(key):
         return props(live) == props(want)
+    if key == "tags":
+        return set(tag_list(want)) <= set(tag_list(live))
+    if key == "description":
+        return str(want).strip() in [line.strip() for line in str(live).splitlines()]
     return str(live) == str(want)
+
+
+def merged_mark(key: str, live: str | None, want: str) -> str:
+    """Add gpunode's tag or description line to what the container has, keeping the rest."""
+    if key == "tags":
+        have = tag_list(live)
+        return ";".join(have + [tag for tag in tag_list(want) if tag not in have])
+    # Our earlier line (another host name, say) is replaced; everyone else's lines stay below it.
+    rest = [line for line in str(live or "").splitlines() if not line.strip().startswith(MARK_PREFIX)]
+    return "\n".join([want] + rest).rstrip("\n")
 
 
 def desired_rootfs(storage: str, disk_gb: int) -> str:
@@ -111,7 +169,11 @@ def compare(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Change]
                 else:
                     changes.append(Change(key, have, f"{gb}G", "resize"))
             continue
+        if key in MARK_KEYS and have is None:
+            have = ""
         if not _same(key, have, want):
+            if key in MARK_KEYS:
+                want = merged_mark(key, have, want)
             changes.append(Change(key, have, want, "recreate" if key in IMMUTABLE and have is not None else "set"))
     for key in sorted(live):
         if DEV_KEY.match(key) and key not in desired:
@@ -193,6 +255,7 @@ def ensure(
     allow_restart: bool = False,
     allow_recreate: bool = False,
     attempts: int = 5,
+    adopt: bool = False,
 ) -> Result:
     """Converge container ``desired['vmid']`` to ``desired`` and leave it running.
 
@@ -206,11 +269,11 @@ def ensure(
     last: PveError | None = None
     for attempt in range(attempts):
         try:
-            _converge(Converger(client, node, vmid), desired, result, check_mode, allow_restart, allow_recreate)
+            _converge(Converger(client, node, vmid), desired, result, check_mode, allow_restart, allow_recreate, adopt)
             last = None
             break
-        except TaskFailed:
-            raise
+        except (TaskFailed, NotOwned, PveUnreachable):
+            raise  # the client already retried the connection; a refusal is final
         except PveError as exc:
             if not exc.retryable or attempt == attempts - 1:
                 raise
@@ -230,7 +293,7 @@ def _create_params(desired: dict[str, Any]) -> dict[str, Any]:
 
 
 def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode: bool,
-              allow_restart: bool, allow_recreate: bool) -> None:
+              allow_restart: bool, allow_recreate: bool, adopt: bool = False) -> None:
     if not ct.exists():
         _create(ct, desired, result, check_mode)
         if check_mode:
@@ -257,10 +320,26 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
     result.before = {k: str(v) for k, v in live.items() if k in desired or DEV_KEY.match(k)}
     changes = compare(live, desired)
     blocked = [c for c in changes if c.how == "recreate"]
+    foreign = not owned(live)
+    if foreign and not adopt:
+        raise NotOwned(foreign_message(ct.vmid, live, status))
+    if foreign and blocked and allow_recreate:
+        raise NotOwned(f"container {ct.vmid} (hostname {live.get('hostname', '?')}) was not made by gpunode: "
+                       f"--recreate-container never destroys it, even with --adopt; nothing was changed. Adopt it "
+                       f"first (--adopt without --recreate-container), then re-create it in a later run")
+    if foreign:
+        result.adopted = True
+        result.actions.append(f"{'would adopt' if check_mode else 'adopting'} container {ct.vmid} "
+                              f"(hostname {live.get('hostname', '?')}, --adopt): it gets the '{OWNER_TAG}' tag")
     if blocked and not allow_recreate:
         what = "; ".join(f"{c.key}: {c.before} -> {c.after}" for c in blocked)
+        if foreign and not check_mode:
+            # Adopted all the same (mark and settable keys), so that a later run may re-create it.
+            _apply(ct, live, [c for c in changes if c.how != "recreate"])
+            result.changed = True
         raise PveError(f"container {ct.vmid}: {what} can only change by re-creating the container, which destroys "
-                       f"its disk: re-run with --recreate-container to allow it", 409)
+                       f"its disk: re-run with --recreate-container to allow it"
+                       + (" (it is adopted now: marked as gpunode's)" if foreign and not check_mode else ""), 409)
     if blocked:
         result.changes.extend(changes)
         result.actions.append(f"re-creating container {ct.vmid} (--recreate-container): {', '.join(c.key for c in blocked)}")

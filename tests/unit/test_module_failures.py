@@ -1,0 +1,73 @@
+"""Every custom module fails with a message through fail_json, never a traceback: run for real
+through `ansible localhost -m MODULE` with the project's library, as a playbook would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_module(name: str, args: dict, tmp_path: Path) -> dict:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LIBRARY": str(ROOT / "playbooks" / "library"),
+           "ANSIBLE_MODULE_UTILS": str(ROOT / "playbooks" / "module_utils"),
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_LOCAL_TEMP": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+    # minimal callback: "localhost | FAILED! => {...}" (or SUCCESS)
+    head, _, body = result.stdout.partition(" => ")
+    return {**json.loads(body), "failed": "FAILED" in head}
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+LXC_ARGS = {"node": "pve1", "password": "not-the-real-password", "config": {"vmid": 200, "hostname": "glm5"},
+            "devices": ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"],
+            "control_nodes": ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]}
+
+
+def test_stage_module_names_a_host_missing_from_the_host_file(tmp_path: Path) -> None:
+    res = run_module("gpunode_stage", {"stage": "serve", "hostfile": str(ROOT / "inventory/lab/host.yml"),
+                                       "host": "pve-typo"}, tmp_path)
+    assert res["failed"] and res["msg"] == (f"host file {ROOT / 'inventory/lab/host.yml'}: no host named 'pve-typo' "
+                                            "(it has: pve-lab)")
+
+
+def test_lxc_module_names_an_unreadable_keys_file(tmp_path: Path) -> None:
+    res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{closed_port()}",
+                                     "ssh_public_keys_file": str(tmp_path / "missing.pub")}, tmp_path)
+    assert res["failed"] and res["msg"] == (f"container.ssh_public_keys: cannot read {tmp_path / 'missing.pub'}: "
+                                            "No such file or directory; nothing was changed")
+
+
+def test_lxc_module_says_unreachable(tmp_path: Path) -> None:
+    port = closed_port()
+    res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}"}, tmp_path)
+    assert res["failed"] and res["gpunode_unreachable"] is True
+    assert res["msg"].startswith(f"Proxmox API https://127.0.0.1:{port} unreachable: ConnectionError")
+
+
+@pytest.mark.parametrize("name, args", [
+    ("nvidia_host_facts", {"facts_root": "/nonexistent", "dev_root": "/nonexistent"}),
+    ("nvidia_device_facts", {"dev_root": "/nonexistent"}),
+    ("gpu_host_findings", {"facts": {"bogus": 1}, "driver_version": "580.95.05"}),
+])
+def test_fact_modules_never_traceback(tmp_path: Path, name: str, args: dict) -> None:
+    """Read-only modules on inputs that make no sense: an answer or a message, not a crash."""
+    res = run_module(name, args, tmp_path)
+    assert "module_stderr" not in res and "exception" not in res and (not res["failed"] or res["msg"])
