@@ -69,12 +69,32 @@ def validate(path: HostFileArg) -> None:
 def plan(
     path: HostFileArg,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    live: Annotated[bool, typer.Option(
+        "--live", help="also read (never write) the Proxmox API: is the container's vmid free, gpunode's, "
+                       "or someone else's?")] = False,
 ) -> None:
-    """Show what provision would do, without contacting anything."""
+    """Show what provision would do, without contacting anything (--live reads the Proxmox API).
+
+    Exit codes: 0 shown, 2 bad input (or a secret --live cannot read), 3 --live: an API unreachable.
+    """
     from gpunode import plan as planning
     from gpunode.render import print_plan
 
-    plans = planning.make_plan(_load(path))
+    hf = _load(path)
+    plans = planning.make_plan(hf)
+    if live:
+        from gpunode.pve.client import PveError, PveUnreachable
+        from gpunode.pve.live import inspect
+
+        for index, (host, host_plan) in enumerate(zip(hf.hosts, plans)):
+            try:
+                host_plan.ownership = inspect(host).as_dict()
+            except LookupError as exc:
+                _die(2, [f"{path}: hosts[{index}].api.auth: {exc} (plan --live reads secrets from env or file)"])
+            except PveUnreachable as exc:
+                _die(3, [f"{host.name}: {exc}"])
+            except PveError as exc:
+                _die(1, [f"{host.name}: {exc}"])
     if as_json:
         typer.echo(planning.as_json(plans))
     else:

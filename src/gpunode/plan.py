@@ -152,6 +152,8 @@ class HostPlan:
     image: dict[str, Any]
     server: dict[str, Any]
     stages: list[dict[str, Any]] = field(default_factory=list)
+    # Filled only by `plan --live`: whose container the vmid is (gpunode.pve.live.Ownership).
+    ownership: dict[str, Any] | None = None
 
 
 def plan_host(host: Host) -> HostPlan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpunode.plan import HostPlan
@@ -23,6 +24,9 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         for change in plan.host_changes:
             console.print(f"  - {change}")
 
+        if plan.ownership is not None:
+            style = {"free": "green", "gpunode": "green", "foreign": "red"}[plan.ownership["owner"]]
+            console.print(f"[{style}]live: {escape(plan.ownership['detail'])}[/{style}]")
         console.print(f"\n[bold]Container {plan.container['vmid']} (Proxmox config)[/bold]")
         for key, value in plan.container.items():
             console.print(f"  {key}: {value}")

@@ -209,3 +209,17 @@ def test_forwarded_engine_is_probed_from_inside_the_container(docker_client: doc
     log = docker_client.containers.get(container_name).logs().decode()
     probes = [line for line in log.splitlines() if "GET /health_generate" in line]
     assert probes and all(" 127.0.0.1:" in line for line in probes), probes
+
+
+def test_foreign_container_with_the_servers_name_survives(docker_client: docker.DockerClient, fake_image: str,
+                                                          container_name: str, tmp_path: Path) -> None:
+    """Someone's own container under the server's name: not removed, not restarted; one line says so."""
+    theirs = docker_client.containers.run(fake_image, ["sleep", "600"], name=container_name, detach=True,
+                                          labels={"owner": "someone else"})
+    outcome, said = start(lab_host(tmp_path), fake_image, container_name, gpu_nodes(tmp_path))
+    assert outcome.exit_code == 1
+    text = " ".join(said.split())  # the test console wraps at 200 columns
+    assert text.count("gpunode did not start") == 1 and f"named {container_name} (image {fake_image}, running)" in text
+    assert "left alone" in text and f"docker rename {container_name} NEW-NAME" in text
+    theirs.reload()
+    assert theirs.status == "running" and theirs.id == docker_client.containers.get(container_name).id

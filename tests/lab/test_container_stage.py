@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import ssl
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,74 @@ def test_tls_refused_unless_ca_or_pin(gpunode, tmp_path: Path) -> None:
     pinned = variant(tmp_path, "ca_file: /var/lib/gpunode-lab/pve/ca.pem", f'fingerprint: "{pin}"')
     rc, summary, _ = run(gpunode, hosts=pinned)
     assert rc == 0, summary["failures"]
+
+
+# -- ownership: someone else's container at the configured vmid --------------------------------
+def foreign(unprivileged: int) -> dict[str, Any]:
+    """Create someone else's running container at vmid 200 (no gpunode tag) and return its config."""
+    client = api()
+    upid = client.call("POST", "nodes/pve1/lxc", vmid=200, hostname="prod-db", memory=8192, cores=8, swap=512,
+                       ostemplate="local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst", rootfs="local-lvm:8",
+                       net0="name=eth0,bridge=vmbr0,ip=dhcp", unprivileged=unprivileged, onboot=0,
+                       features="nesting=1,keyctl=1",
+                       description="Production database\nowner: the DBA team", start=1)
+    client.wait_task(upid)
+    return dict(client.get("nodes/pve1/lxc/200/config"))
+
+
+def test_unmarked_unprivileged_container_survives_recreate(gpunode, fresh_container: None) -> None:
+    before = foreign(unprivileged=1)
+    for extra in (["--recreate-container"], ["--recreate-container", "--adopt"]):
+        rc, summary, stderr = run(gpunode, *extra)
+        assert rc == 1, stderr
+        assert "was not made by gpunode" in summary["failures"][0]["message"]
+        assert api().get("nodes/pve1/lxc/200/config") == before  # digest included: not a byte written
+    assert api().get("nodes/pve1/lxc/200/status/current")["status"] == "running"
+
+
+def live_owner(gpunode, hosts: Path = LAB_HOSTS) -> tuple[int, dict[str, Any] | None, str]:
+    result = gpunode("plan", str(hosts), "--live", "--json")
+    owner = json.loads(result.stdout)["hosts"][0]["ownership"] if result.returncode == 0 else None
+    return result.returncode, owner, result.stderr
+
+
+def test_foreign_container_refused_then_adopted(gpunode, fresh_container: None) -> None:
+    rc, owner, _ = live_owner(gpunode)
+    assert rc == 0 and owner["owner"] == "free"
+    before = foreign(unprivileged=0)
+    rc, owner, _ = live_owner(gpunode)
+    assert rc == 0 and owner["owner"] == "foreign" and "hostname prod-db" in owner["detail"]
+    assert api().get("nodes/pve1/lxc/200/config") == before  # plan --live only reads
+    rc, summary, stderr = run(gpunode)
+    assert rc == 1
+    message = summary["failures"][0]["message"]
+    assert message.startswith("container 200 (hostname prod-db, running, description 'Production database') "
+                              "was not made by gpunode") and "--adopt" in message and "\n" not in message
+    assert api().get("nodes/pve1/lxc/200/config") == before
+
+    rc, adopted, stderr = run(gpunode, "--adopt")
+    assert rc == 0, adopted["failures"]
+    # The diff came first, from a pass that wrote nothing, then the converge.
+    check_pass, converge = stderr.index("check mode, nothing written yet"), stderr.index("converging and marking")
+    assert check_pass < stderr.index("-hostname: prod-db") < converge
+    assert "+tags: gpunode" in stderr and "-memory: 8192" in stderr
+    config = api().get("nodes/pve1/lxc/200/config")
+    assert config["tags"] == "gpunode" and config["hostname"] == "gpunode-lab" and int(config["memory"]) == 2048
+    assert config["description"].splitlines()[0].startswith("gpunode: made for host pve-lab")
+    assert "Production database" in config["description"]
+
+    rc, again, _ = run(gpunode)
+    assert rc == 0 and not again["stats"].get("changed"), again["stats"]
+    assert module_result(again)["writes"] == 0 and not module_result(again)["pending"]
+    assert live_owner(gpunode)[1]["owner"] == "gpunode"
+
+
+def test_refused_api_is_unreachable(gpunode, tmp_path: Path) -> None:
+    hosts = variant(tmp_path, "url: https://127.0.0.2:8006", "url: https://127.0.0.2:9")
+    started = time.monotonic()
+    rc, summary, stderr = run(gpunode, hosts=hosts)
+    assert rc == 3 and time.monotonic() - started < 15
+    assert summary["failures"][0]["message"].startswith("unreachable: Proxmox API https://127.0.0.2:9 unreachable")
+    rc, _, stderr = live_owner(gpunode, hosts)
+    assert rc == 3 and stderr.startswith("error: pve-lab: Proxmox API https://127.0.0.2:9 unreachable")
+    assert len(stderr.strip().splitlines()) == 1

@@ -49,14 +49,20 @@ def test_releases_gpus_from_vfio(gpunode) -> None:
     # ssh hands the remote shell one command line.
     on_host("printf 'options vfio-pci ids=10de:2bb1,10de:22e8,8086:1234 disable_vga=1\\n' > /etc/modprobe.d/vfio.conf")
     assert on_host("cat", "/etc/modprobe.d/vfio.conf").stdout.startswith("options vfio-pci ids=10de:2bb1")
+    on_host("rm", "-f", "/etc/modprobe.d/vfio.conf.gpunode-orig")
     rc, summary, stderr = run(gpunode, "--diff")
     assert rc == 0, stderr
-    assert on_host("cat", "/etc/modprobe.d/vfio.conf").stdout == "options vfio-pci ids=8086:1234 disable_vga=1\n"
+    assert on_host("cat", "/etc/modprobe.d/vfio.conf").stdout == (
+        "# gpunode released NVIDIA GPUs from vfio-pci below; the original is kept as *.conf.gpunode-orig\n"
+        "options vfio-pci ids=8086:1234 disable_vga=1\n")
+    # The operator's file as it was, kept before the first change (modprobe reads only *.conf).
+    assert on_host("cat", "/etc/modprobe.d/vfio.conf.gpunode-orig").stdout == (
+        "options vfio-pci ids=10de:2bb1,10de:22e8,8086:1234 disable_vga=1\n")
     assert "-options vfio-pci ids=10de:2bb1,10de:22e8,8086:1234 disable_vga=1" in stderr
     assert "Rebuild the initramfs" in stderr  # the handler ran
     rc, again, _ = run(gpunode)
     assert rc == 0 and not again["stats"].get("changed")
-    on_host("rm", "-f", "/etc/modprobe.d/vfio.conf")
+    on_host("rm", "-f", "/etc/modprobe.d/vfio.conf", "/etc/modprobe.d/vfio.conf.gpunode-orig")
 
 
 def test_check_mode_writes_nothing(gpunode) -> None:

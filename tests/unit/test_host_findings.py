@@ -110,13 +110,15 @@ def test_gather_replays_the_recorded_files(tmp_path: Path, facts: dict[str, Any]
 
 
 @pytest.mark.parametrize("before,after", [
-    ("options vfio-pci ids=10de:2bb1,10de:22e8\n", ""),
-    ("options vfio-pci ids=10de:2bb1,8086:1234 disable_vga=1\n", "options vfio-pci ids=8086:1234 disable_vga=1\n"),
-    ("options vfio_pci ids=10de:2bb1 disable_vga=1\n", "options vfio_pci disable_vga=1\n"),
+    ("options vfio-pci ids=10de:2bb1,10de:22e8\n", vfio.MODPROBE_MARK),
+    ("options vfio-pci ids=10de:2bb1,8086:1234 disable_vga=1\n", vfio.MODPROBE_MARK + "options vfio-pci ids=8086:1234 disable_vga=1\n"),
+    ("options vfio_pci ids=10de:2bb1 disable_vga=1\n", vfio.MODPROBE_MARK + "options vfio_pci disable_vga=1\n"),
+    ("options vfio-pci ids=8086:1234\n", "options vfio-pci ids=8086:1234\n"),  # not ours to touch: no mark either
     ("# options vfio-pci ids=10de:2bb1\noptions kvm ignore_msrs=1\n", "# options vfio-pci ids=10de:2bb1\noptions kvm ignore_msrs=1\n"),
 ])
 def test_release_modprobe(before: str, after: str) -> None:
     assert vfio.release_modprobe(before) == after
+    assert not vfio.nvidia_ids_in(vfio.MODPROBE_MARK)  # the mark itself names no id
     assert vfio.release_modprobe(after) == after  # idempotent
 
 

@@ -52,6 +52,15 @@ def test_container_running(pve_host: Any, api: PveClient, hostvars: dict[str, An
     assert status == "running", f"container {ct.vmid} is {status}: run `gpunode provision --tags container`"
 
 
+def test_container_is_gpunodes(pve_host: Any, api: PveClient, hostvars: dict[str, Any]) -> None:
+    ct = _converger(api, hostvars)
+    if not ct.exists():
+        pytest.fail("container missing: run `gpunode provision --tags container`")
+    config = ct.config()
+    assert lxc.owned(config), lxc.foreign_message(ct.vmid, config, ct.status()).replace(
+        "nothing was changed; ", "")
+
+
 @pytest.mark.parametrize("group", ["devices", "settings"])
 def test_container_config_matches(group: str, pve_host: Any, api: PveClient, hostvars: dict[str, Any],
                                   desired: dict[str, Any]) -> None:

@@ -69,7 +69,7 @@ def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_dev
 
 
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
-NO_CGROUPS = re.compile(r"^\s*no-cgroups\s*=\s*true\s*$", re.MULTILINE)
+NO_CGROUPS = re.compile(r"^\s*no-cgroups\s*=\s*true\s*(#.*)?$", re.MULTILINE)
 FIX_NODE = "run `gpunode provision --tags node`"
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 
+BACKUP_SUFFIX = ".gpunode-orig"  # the file as it was before gpunode's first change (modprobe reads *.conf only)
+# The line gpunode puts above what it changed in someone else's modprobe file (it holds no "ids=",
+# so a re-run finds nothing left to release and changes nothing).
+MODPROBE_MARK = f"# gpunode released NVIDIA GPUs from vfio-pci below; the original is kept as *.conf{BACKUP_SUFFIX}\n"
 NVIDIA_ID = re.compile(r"^10de:[0-9a-fA-F]{4}$")
 MODPROBE_IDS = re.compile(r"^(\s*options\s+vfio[-_]pci\s+.*?\bids=)(\S+)(.*)$")
 CMDLINE_IDS = re.compile(r"(\s?)\bvfio[-_]pci\.ids=(\S+?)(?=[\s\"']|$)")
@@ -26,6 +30,10 @@ def release_modprobe(text: str) -> str:
             out.append(line)
             continue
         kept = _keep(match.group(2))
+        if kept == match.group(2).split(","):
+            out.append(line)
+            continue
+        out.append(MODPROBE_MARK)
         if kept:
             out.append(f"{match.group(1)}{','.join(kept)}{match.group(3)}" + ("\n" if line.endswith("\n") else ""))
         elif match.group(3).strip():

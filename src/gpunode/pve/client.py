@@ -66,6 +66,7 @@ class Connection:
     connect_timeout_s: float = 3.0
     task_timeout_s: float = 300.0
     retries: int = 4
+    unreachable_retries: int = 2  # a host that refuses or is silent is reported, not waited on
     backoff_s: float = 0.5
 
     @property
@@ -220,7 +221,8 @@ class PveClient:
                 retryable = (status is None and not isinstance(exc, requests.exceptions.SSLError)) or (status or 0) >= 500
                 error = (PveUnreachable(f"Proxmox API {self.conn.url} unreachable ({method} {path}): {message}")
                          if _unreachable(exc) else PveError(f"{method} {path}: {message}", status, retryable))
-            if not (error.retryable and method in READS and attempt < self.conn.retries):
+            limit = self.conn.unreachable_retries if isinstance(error, PveUnreachable) else self.conn.retries
+            if not (error.retryable and method in READS and attempt < limit):
                 raise error
             self.sleep(self.conn.backoff_s * (2 ** attempt))
             attempt += 1

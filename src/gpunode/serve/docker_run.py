@@ -100,6 +100,14 @@ def find_container(client: docker.DockerClient, name: str) -> Container | None:
         return None
 
 
+def foreign_message(container: Container) -> str:
+    """One line for a container that has the server's name but not gpunode's label."""
+    image = (container.attrs.get("Config") or {}).get("Image") or "?"
+    return (f"a container named {container.name} (image {image}, {container.status}) exists that gpunode did not "
+            f"start (no {specs.LABEL_ROLE}={specs.ROLE} label): it was left alone; remove or rename it yourself "
+            f"on the node (docker rename {container.name} NEW-NAME) if it may go, then re-run")
+
+
 def changed_settings(container: Container, spec: Mapping[str, Any]) -> list[str]:
     """Which top-level settings differ from the running container's label (all, if it has none)."""
     labels = container.labels or {}
@@ -204,6 +212,8 @@ def ensure_server(client: docker.DockerClient, spec: Mapping[str, Any], api_key:
     if current is None:
         made = create_and_start(client, spec, api_key)
         return StartResult("created", made.id, name, "no server container yet", wanted)
+    if (current.labels or {}).get(specs.LABEL_ROLE) != specs.ROLE:
+        raise ServeError(foreign_message(current))
     differs = changed_settings(current, spec)
     key_ok = api_key_matches(current, api_key)
     if not differs and key_ok:
