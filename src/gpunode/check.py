@@ -1,11 +1,14 @@
 """`gpunode check`: run the testinfra node checks and report pass/fail per check, by layer.
 
 Exit codes: 0 every check passed (pending ones say what waits for a reload or reboot), 1 a
-check failed, 2 bad input.
+check failed, 2 bad input, 3 a host was unreachable (its checks did not run; nothing else
+failed), 4 no check could run (pytest or testinfra missing or refusing its arguments, nothing
+collected), 130 interrupted. A run that checked nothing is never green.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -17,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpunode import inventory
-from gpunode.checks import CHECKS_DIR, LAYERS
+from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE
 from gpunode.hostfile import HostFile
 from gpunode.paths import state_dir
 
@@ -29,22 +32,46 @@ class CheckResult:
     layer: str
     host: str
     check: str
-    status: str  # pass, fail, pending, skip
+    status: str  # pass, fail, pending, skip, unreachable (not run)
     message: str = ""
+
+
+# pytest's exit codes that are not a test outcome (pytest.ExitCode), and what gpunode says of them.
+NOT_AN_OUTCOME = {2: "interrupted", 3: "pytest's internal error", 4: "pytest refused its arguments",
+                  5: "no check was collected"}
+EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_RUN, EXIT_INTERRUPTED = 1, 3, 4, 130
 
 
 @dataclass
 class CheckReport:
     results: list[CheckResult] = field(default_factory=list)
+    error: str = ""  # set when no check could run: one line saying why
+    interrupted: bool = False
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(r.status == "fail" for r in self.results) else 0
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if self.error or not self.results:
+            return EXIT_NOT_RUN
+        if any(r.status == "fail" for r in self.results):
+            return EXIT_FAILED
+        if any(r.status == "unreachable" for r in self.results):
+            return EXIT_UNREACHABLE
+        return 0
 
     def counts(self) -> dict[str, int]:
-        out = {"pass": 0, "fail": 0, "pending": 0, "skip": 0}
+        out = {"pass": 0, "fail": 0, "pending": 0, "skip": 0, "unreachable": 0}
         for result in self.results:
             out[result.status] += 1
+        return out
+
+    def unreachable(self) -> dict[str, tuple[str, int]]:
+        """Host -> (the connection's error, how many checks did not run)."""
+        out: dict[str, tuple[str, int]] = {}
+        for r in self.results:
+            if r.status == "unreachable":
+                out[r.host] = (r.message, out.get(r.host, ("", 0))[1] + 1)
         return out
 
 
@@ -87,6 +114,8 @@ class _Collector:
         message = _message(report) if status != "pass" else ""
         if status == "skip" and message.startswith(NOT_IN_LAYER):
             return
+        if status == "skip" and message.startswith(f"{UNREACHABLE}: "):
+            status, message = "unreachable", message.removeprefix(f"{UNREACHABLE}: ")
         self.report.results.append(CheckResult(layer, host, check, status, message))
 
 
@@ -105,21 +134,37 @@ def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     args = [*files, "--hosts=ansible://all", f"--ansible-inventory={inv}", "-p", "no:cacheprovider",
             "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "-q", "--no-header", "-rN", "-p", "no:randomly"]
+    errors = io.StringIO()
     with open(os.devnull, "w") as sink:
-        saved = sys.stdout
-        sys.stdout = sink  # pytest's own report is ours to render
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = sink, errors  # pytest's own report is ours to render
         try:
-            pytest.main(args, plugins=[collector])
+            code = int(pytest.main(args, plugins=[collector]))
         finally:
-            sys.stdout = saved
-    return collector.report
+            sys.stdout, sys.stderr = saved
+    report = collector.report
+    if code == 2:
+        report.interrupted = True
+    if code in NOT_AN_OUTCOME:
+        # pytest's last error line is the reason ("...: error: unrecognized arguments: --hosts=...").
+        said = next((line.strip() for line in reversed(errors.getvalue().splitlines()) if "error" in line.lower()), "")
+        hint = " (is pytest-testinfra installed? it provides --hosts)" if "--hosts" in said else ""
+        report.error = f"no check ran: {NOT_AN_OUTCOME[code]}" + (f": {said[:300]}" if said else "") + hint
+    elif not report.results:
+        report.error = "no check ran: pytest collected and ran nothing"
+    return report
 
 
 def render(report: CheckReport, console: Console) -> None:
     marks = {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]", "pending": "[yellow]PEND[/yellow]",
              "skip": "[dim]SKIP[/dim]"}
+    if report.error:
+        console.print(f"[red]error:[/red] {escape(report.error)}", soft_wrap=True, highlight=False)
+    for host, (why, count) in report.unreachable().items():
+        console.print(f"[red]UNREACHABLE[/red] {escape(host)}: {escape(why)} ({count} checks not run)",
+                      soft_wrap=True, highlight=False)
     for layer in LAYERS:
-        rows = [r for r in report.results if r.layer == layer]
+        rows = [r for r in report.results if r.layer == layer and r.status != "unreachable"]
         if not rows:
             continue
         console.print(f"[bold]{layer}[/bold]")
@@ -129,10 +174,11 @@ def render(report: CheckReport, console: Console) -> None:
                 line += f": {escape(r.message)}"
             console.print(line, soft_wrap=True, highlight=False)
     c = report.counts()
-    console.print(f"{c['pass']} passed, {c['fail']} failed, {c['pending']} pending, {c['skip']} skipped",
-                  highlight=False)
+    console.print(f"{c['pass']} passed, {c['fail']} failed, {c['pending']} pending, {c['skip']} skipped"
+                  + (f", {c['unreachable']} not run (host unreachable)" if c["unreachable"] else ""), highlight=False)
 
 
 def as_json(report: CheckReport) -> str:
-    return json.dumps({"exit_code": report.exit_code, "counts": report.counts(),
+    return json.dumps({"exit_code": report.exit_code, "error": report.error, "counts": report.counts(),
+                       "unreachable": {host: why for host, (why, _) in report.unreachable().items()},
                        "results": [asdict(r) for r in report.results]}, indent=2)

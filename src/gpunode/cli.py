@@ -206,7 +206,7 @@ def check(
     """Is this node right? testinfra checks by layer: host, container, inside.
 
     Exit codes: 0 every check passed (pending ones wait for a reload or reboot), 1 a check failed,
-    2 bad input.
+    2 bad input, 3 a host unreachable (its checks not run), 4 no check could run, 130 interrupted.
     """
     from gpunode.checks import LAYERS
 
@@ -221,6 +221,13 @@ def check(
     from gpunode.check import as_json as report_json
     from gpunode.check import render, run_checks
     from gpunode.runner import SecretUnavailable, secret_files
+
+    try:
+        import pytest  # noqa: F401 - runtime dependencies of check, named if a broken install lacks them
+        import testinfra  # noqa: F401
+    except ImportError as exc:
+        _die(4, [f"no check ran: gpunode check needs pytest and pytest-testinfra ({exc}); "
+                 f"reinstall gpunode, which depends on both"])
 
     try:
         with secret_files(hf) as secrets:

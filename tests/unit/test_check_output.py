@@ -37,7 +37,7 @@ def test_text_is_grouped_by_layer_in_build_order() -> None:
 
 def test_json_and_exit_code() -> None:
     data = json.loads(as_json(report()))
-    assert data["exit_code"] == 1 and data["counts"] == {"pass": 1, "fail": 1, "pending": 1, "skip": 1}
+    assert data["exit_code"] == 1 and data["counts"] == {"pass": 1, "fail": 1, "pending": 1, "skip": 1, "unreachable": 0}
     assert data["results"][0] == {"layer": "server", "host": "node", "check": "test_server_healthy",
                                   "status": "fail", "message": "/health_generate answered 503 -> run x"}
     passing = CheckReport([r for r in report().results if r.status != "fail"])
@@ -60,3 +60,69 @@ def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [f"error: {bad}: version: must be 1 (line 1)",
                                           f"error: {bad}: hosts: needs at least 1 item(s) (line 2)"]
     assert not (tmp_path / "state").exists(), "nothing written for bad input"
+
+
+# -- a check that checked nothing is never green ---------------------------------------------
+EXAMPLE = LAB.parents[1] / "example" / "host.yml"
+
+
+def loopback_hosts(tmp_path: Path) -> Path:
+    """The example host file with every address on loopback and every SSH port closed."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = EXAMPLE.read_text().replace("192.0.2.10", "127.0.0.1").replace("192.0.2.1\n", "127.0.0.1\n")
+    text = text.replace("ip: 192.0.2.20/24", "ip: 127.0.0.5/8")
+    text = text.replace("      user: root\n", f"      user: root\n      port: {port}\n", 1)
+    text = text.replace("      ssh_public_keys:", f"      ssh: {{address: 127.0.0.1, port: {port}}}\n      ssh_public_keys:", 1)
+    assert "192.0.2." not in text  # no traffic beyond this machine
+    path = tmp_path / "host.yml"
+    path.write_text(text)
+    return path
+
+
+def run_check(gpunode, tmp_path: Path, *args: str, addopts: str = ""):
+    return gpunode("check", str(loopback_hosts(tmp_path)), *args, timeout=300,
+                   env={"PVE_ROOT_PASSWORD": "not-used", "PYTEST_ADDOPTS": addopts})
+
+
+def test_no_check_collected_is_not_green(gpunode, tmp_path: Path) -> None:
+    result = run_check(gpunode, tmp_path, addopts="-k no_check_has_this_name")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == "error: no check ran: no check was collected"
+
+
+def test_pytest_usage_error_is_not_green(gpunode, tmp_path: Path) -> None:
+    """What a missing pytest-testinfra looks like: pytest refuses --hosts."""
+    result = run_check(gpunode, tmp_path, "--json", addopts="-p no:pytest11.testinfra")
+    data = json.loads(result.stdout)
+    assert result.returncode == 4 and data["exit_code"] == 4 and not data["results"]
+    assert data["error"].startswith("no check ran: pytest refused its arguments: ")
+    assert "--hosts" in data["error"] and data["error"].endswith("(is pytest-testinfra installed? it provides --hosts)")
+
+
+def test_unreachable_hosts_one_line_each_exit_3(gpunode, tmp_path: Path) -> None:
+    result = run_check(gpunode, tmp_path)
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    unreachable = [line for line in lines if line.startswith("UNREACHABLE")]
+    assert [line.split(":")[0] for line in unreachable] == ["UNREACHABLE pve1", "UNREACHABLE pve1-ct200"]
+    for line in unreachable:
+        assert "Connection refused" in line and line.endswith("checks not run)")
+    assert not any(line.lstrip().startswith("FAIL") for line in lines)
+    assert len(result.stdout.encode()) < 2048 * 2, result.stdout  # under 2 kB per host
+    assert "CommandResult" not in result.stdout and "def gather" not in result.stdout
+
+
+def test_report_exit_codes_for_unreachable_and_nothing_run() -> None:
+    down = CheckReport([CheckResult("host", "pve", "test_a", "unreachable", "ssh: connect: Connection refused"),
+                        CheckResult("host", "pve", "test_b", "unreachable", "ssh: connect: Connection refused"),
+                        CheckResult("host", "other", "test_a", "pass")])
+    assert down.exit_code == 3 and down.unreachable() == {"pve": ("ssh: connect: Connection refused", 2)}
+    assert CheckReport([*down.results, CheckResult("host", "other", "test_b", "fail", "x")]).exit_code == 1
+    assert CheckReport([]).exit_code == 4 and CheckReport([], error="no check ran: x").exit_code == 4
+    out = io.StringIO()
+    render(down, Console(file=out, width=200, color_system=None))
+    assert out.getvalue().splitlines()[0] == "UNREACHABLE pve: ssh: connect: Connection refused (2 checks not run)"

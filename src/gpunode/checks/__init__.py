@@ -11,3 +11,6 @@ from pathlib import Path
 CHECKS_DIR = Path(__file__).resolve().parent
 # In the order a node is built: each layer stands on the ones before it.
 LAYERS = ("host", "container", "inside", "image", "p2p", "server")
+# The skip reason the checks give for a host they cannot reach; gpunode check reports it once per
+# host, as checks not run.
+UNREACHABLE = "unreachable"

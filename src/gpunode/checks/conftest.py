@@ -3,13 +3,58 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpunode.checks import UNREACHABLE
+
 PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
+SSH_FAILED = 255  # ssh's own exit status: the connection failed, the command never ran
+
+
+def _stderr_tail(text: str, lines: int = 2) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[:300]
+
+
+def _unreachable(host: Any) -> str | None:
+    """Why the host cannot be reached (the connection's own error), or None."""
+    try:
+        result = host.run("true")
+    except Exception as exc:  # testinfra's backends raise several types for a dead connection
+        # testinfra raises with its CommandResult's repr (the ssh backend) or the whole `ansible`
+        # run (the ansible backend): the connection's own error is its stderr, or Ansible's "msg".
+        text = str(exc)
+        said = re.search(r"_stderr=b(['\"])(.*)\1\)\s*$", text, re.S) or re.search(r'"msg":\s*"((?:[^"\\]|\\.)*)"', text)
+        if said:
+            return _stderr_tail(said.group(said.lastindex).encode().decode("unicode_escape"), 1)
+        return f"{type(exc).__name__}: {_stderr_tail(text.split('CommandResult(')[0]) or 'no detail'}"
+    if result.rc == SSH_FAILED or (result.rc != 0 and not result.stdout):
+        return _stderr_tail(result.stderr) or f"exit status {result.rc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def _reach() -> dict[str, str | None]:
+    return {}
+
+
+def skip_unreachable(host: Any, reach: dict[str, str | None]) -> None:
+    """Each host is tried once per run; an unreachable one skips its checks with the connection's error."""
+    name = host.backend.get_pytest_id()
+    if name not in reach:
+        reach[name] = _unreachable(host)
+    if reach[name]:
+        pytest.skip(f"{UNREACHABLE}: {reach[name]}")
+
+
+@pytest.fixture(autouse=True)
+def _reachable(request: pytest.FixtureRequest, _reach: dict[str, str | None]) -> None:
+    if "host" in request.fixturenames:
+        skip_unreachable(request.getfixturevalue("host"), _reach)
 
 
 def _groups(host: Any) -> list[str]:
@@ -41,22 +86,29 @@ def _remote_python(host: Any, module: str, call: str) -> Any:
     """Run one of gpunode's module_utils (plain Python) on the host and return its JSON."""
     source = (PLAYBOOKS / "module_utils" / f"{module}.py").read_text()
     program = source + f"\nimport json as _j\nprint(_j.dumps({call}))\n"
-    return json.loads(host.check_output("python3 -c %s", program))
+    result = host.run("python3 -c %s", program)
+    if result.rc != 0:
+        # The command is gpunode's own facts script: name it, not its body.
+        pytest.fail(f"reading facts on the host failed (python3 -c <gpunode {module}.{call.split('(')[0]}>, exit "
+                    f"{result.rc}): {_stderr_tail(result.stderr) or 'no error output'}")
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
-def host_facts(host: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
+def host_facts(host: Any, hostvars: dict[str, Any], _reach: dict[str, str | None]) -> dict[str, Any]:
     if "pve_hosts" not in _groups(host):
         return {}
+    skip_unreachable(host, _reach)  # module-scoped: set up before the per-test reachability check
     facts = _remote_python(host, "nvidia_host", f"gather({hostvars['gpunode_facts_root']!r}, config_root='/')")
     facts["devices"] = _remote_python(host, "nvidia_nodes", f"scan({hostvars['gpunode_dev_root']!r}, False)")
     return facts
 
 
 @pytest.fixture(scope="module")
-def node_devices(host: Any) -> dict[str, Any]:
+def node_devices(host: Any, _reach: dict[str, str | None]) -> dict[str, Any]:
     if "gpu_nodes" not in _groups(host):
         return {}
+    skip_unreachable(host, _reach)
     return _remote_python(host, "nvidia_nodes", "scan('/dev', True)")
 
 
