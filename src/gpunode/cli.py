@@ -335,6 +335,33 @@ def smoke(
     raise typer.Exit(run_smoke(url, served_name, api_key, runner, as_json, sys.stdout))
 
 
+@app.command()
+def diagnose(
+    log: Annotated[str, typer.Argument(help="a server log file, or - for standard input")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the diagnosis as JSON")] = False,
+) -> None:
+    """Name the failure in an SGLang server log, with its fix (the signatures serve uses).
+
+    Exit codes: 0 a known failure was named, 1 no known signature (the last error line is shown),
+    2 bad input (no such file).
+    """
+    from gpunode.serve.diagnose import diagnose as name_failure
+
+    if log == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(log).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            _die(2, [f"{log}: {exc.strerror or exc}"])
+    found = name_failure(text)
+    if as_json:
+        typer.echo(json.dumps(found.as_dict(), indent=2))
+    else:
+        typer.echo(f"{found.key}: {found.title}\n  fix: {found.fix}\n  evidence: {found.evidence}")
+    raise typer.Exit(1 if found.key == "unknown" else 0)
+
+
 @image_app.command("build")
 def image_build(
     path: HostFileArg,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.hostfile import Host, HostFile, SecretRef, Ssh
+from gpunode.paths import MODULE_UTILS, PACKAGE
 from gpunode.plan import CONTROL_NODES, container_config, image_tag, server_image, server_launch
 from gpunode.serve.spec import CONTAINER_NAME
 
@@ -67,6 +68,7 @@ def _node_vars(host: Host, secrets: SecretFiles, source: Path | None) -> dict[st
         "gpunode_server_port": host.server.port,
         "gpunode_server_argv": list(launch.argv),
         "gpunode_server_env": launch.env,
+        "gpunode_probe_sources": [str(MODULE_UTILS / "nvidia_nodes.py"), str(PACKAGE / "probe" / "cuda_probe.py")],
     }
 
 

@@ -82,7 +82,7 @@ HOST_CONTAINER_HOSTNAME = "gpunode-lab-host"
 HOST_CONTAINER_PACKAGES = (*CONTAINER_PACKAGES, "initramfs-tools", "kmod")
 # Files recorded on a real H200 machine (/etc, /proc, /sys), unpacked into the host container here.
 LAB_HOST_FACTS_ROOT = "/var/lib/gpunode-lab-facts"
-HOST_FACTS_TARBALL = "tests/fixtures/host/h200/sysroot.tar.gz"  # relative to gpunode.paths.project_root()
+HOST_FACTS_TARBALL = "tests/fixtures/host/h200/sysroot.tar.gz"  # relative to gpunode.paths.checkout_root()
 # package -> a file it installs (to find what the template failed to install)
 PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3",
                   "ca-certificates": "usr/sbin/update-ca-certificates", "sudo": "usr/bin/sudo",
@@ -678,9 +678,9 @@ def _ensure_server_stand_in(progress: Progress) -> bool:
 
 
 def _facts_tarball() -> Path:
-    from gpunode.paths import project_root
+    from gpunode.paths import checkout_root
 
-    return project_root() / HOST_FACTS_TARBALL
+    return checkout_root() / HOST_FACTS_TARBALL
 
 
 def _ensure_host_facts(progress: Progress, ct: LabContainer) -> bool:

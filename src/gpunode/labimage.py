@@ -26,15 +26,18 @@ from pathlib import Path
 
 import docker
 
-from gpunode.paths import project_root
+from gpunode.paths import checkout_root
 
 BASE_TAG = "gpunode-test/python-base:bookworm-1"
 FAKE_REPO = "gpunode-test/fake-sglang"
 MIRROR = "http://deb.debian.org/debian"
-FAKES = project_root() / "tests" / "fakes"  # a checkout: the lab runs from one
+FAKES = checkout_root() / "tests" / "fakes"  # a checkout: the lab runs from one
 FAKE_FILES = ("sglang_server.py", "bench_serving.py", "shim/sglang/__init__.py", "shim/sglang/launch_server.py",
               "shim/sglang/bench_serving.py")
 IN_IMAGE = "/opt/fake-sglang"
+# The tag `gpunode lab up` built, for a gpunode installed from a wheel (no tests/fakes to hash).
+STAND_IN_RECORD = Path("/var/lib/gpunode-lab/stand-in-image")
+NOT_BUILT = f"{FAKE_REPO}:not-built"  # no checkout and no lab: nothing to name (the image stage says so)
 # Removed from the rootfs before import: nothing the fake server needs, most of the size.
 TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/lib/apt/lists",
         "var/cache/apt", "var/cache/debconf", "var/log")
@@ -70,6 +73,9 @@ def build_base(client: docker.DockerClient) -> None:
 
 
 def fake_tag() -> str:
+    """The stand-in's tag: a hash of the fake's files in a checkout, else what the lab built."""
+    if not FAKES.is_dir():
+        return STAND_IN_RECORD.read_text().strip() if STAND_IN_RECORD.is_file() else NOT_BUILT
     digest = hashlib.sha256()
     for name in FAKE_FILES:
         digest.update(name.encode() + b"\0" + (FAKES / name).read_bytes())
@@ -99,6 +105,8 @@ def ensure_fake_image(client: docker.DockerClient) -> str:
     if not _has_image(client, tag):
         client.images.build(fileobj=_build_context(), custom_context=True, tag=tag, rm=True, pull=False)
         _prune_old_fakes(client, tag)
+    if STAND_IN_RECORD.parent.is_dir() and (not STAND_IN_RECORD.is_file() or STAND_IN_RECORD.read_text() != tag):
+        STAND_IN_RECORD.write_text(tag)
     return tag
 
 

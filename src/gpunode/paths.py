@@ -1,16 +1,27 @@
-"""Where gpunode finds its playbooks and keeps its state."""
+"""Where gpunode finds its Ansible collection and image inputs (inside the package, so a wheel
+works from any folder), the lab's recordings (a checkout), and where it keeps its state."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+PACKAGE = Path(__file__).resolve().parent
+# The folder that holds ansible_collections/: what ANSIBLE_COLLECTIONS_PATH names for gpunode's runs.
+COLLECTIONS_PATH = PACKAGE
+COLLECTION = PACKAGE / "ansible_collections" / "gpunode" / "core"
+PLAYBOOKS = COLLECTION / "playbooks"
+MODULE_UTILS = COLLECTION / "plugins" / "module_utils"
+ANSIBLE_CFG = PACKAGE / "ansible.cfg"
+IMAGES = PACKAGE / "images"
 
-def project_root() -> Path:
-    """The checkout holding playbooks/ and roles/ (GPUNODE_HOME overrides)."""
+
+def checkout_root() -> Path:
+    """The source checkout, for what only the lab needs (recordings and fakes under tests/);
+    GPUNODE_HOME overrides."""
     if "GPUNODE_HOME" in os.environ:
         return Path(os.environ["GPUNODE_HOME"]).resolve()
-    return Path(__file__).resolve().parents[2]
+    return PACKAGE.parents[1]
 
 
 def state_dir() -> Path:

@@ -1,4 +1,4 @@
-"""Run playbooks/provision.yml through ansible-runner with live progress and a recap.
+"""Run the gpunode.core collection's playbooks/provision.yml through ansible-runner with live progress and a recap.
 
 Stats come from ansible-runner itself (``Runner.stats``) and are saved as JSON beside the run's
 artifacts, so idempotence ("a second run changes nothing") is read from numbers, not text.
@@ -27,7 +27,7 @@ from rich.text import Text
 
 from gpunode import inventory
 from gpunode.hostfile import HostFile
-from gpunode.paths import project_root, state_dir
+from gpunode.paths import ANSIBLE_CFG, COLLECTIONS_PATH, PLAYBOOKS, state_dir
 
 # Exit codes (README "Exit codes").
 EXIT_OK = 0
@@ -247,7 +247,6 @@ def provision(
     import ansible_runner  # heavy: imported only when a run happens
 
     console = console or Console(stderr=True)
-    root = project_root()
     state = state_dir()
     private = state / "runner"
     (private / "inventory").mkdir(parents=True, exist_ok=True)
@@ -281,7 +280,7 @@ def provision(
                 progress.status = status
                 runner = ansible_runner.run(
                     private_data_dir=str(private),
-                    project_dir=str(root / "playbooks"),
+                    project_dir=str(PLAYBOOKS),
                     playbook="provision.yml",
                     inventory=str(private / "inventory" / "gpunode.json"),
                     ident=ident,
@@ -293,10 +292,9 @@ def provision(
                     envvars={
                         # ansible-playbook from the same environment as this gpunode.
                         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-                        "ANSIBLE_ROLES_PATH": str(root / "roles"),
-                        "ANSIBLE_LIBRARY": str(root / "playbooks" / "library"),
-                        "ANSIBLE_MODULE_UTILS": str(root / "playbooks" / "module_utils"),
+                        # The gpunode.core collection, from the package itself (any folder, a wheel).
+                        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+                        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
                         "ANSIBLE_FORCE_COLOR": "0",
                     },
                     suppress_env_files=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode.paths import project_root
+from gpunode.paths import PLAYBOOKS
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class Stage:
     @property
     def built(self) -> bool:
         """A stage exists once its play file does; later issues add theirs."""
-        return (project_root() / "playbooks" / "stages" / f"{self.name}.yml").is_file()
+        return (PLAYBOOKS / "stages" / f"{self.name}.yml").is_file()
 
 
 STAGES: tuple[Stage, ...] = (

@@ -8,9 +8,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from gpunode.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("nvidia_nodes", ROOT / "playbooks" / "module_utils" / "nvidia_nodes.py")
+spec = importlib.util.spec_from_file_location("nvidia_nodes", MODULE_UTILS / "nvidia_nodes.py")
 assert spec and spec.loader
 facts = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(facts)

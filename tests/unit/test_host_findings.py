@@ -13,6 +13,7 @@ import pytest
 
 from gpunode.host import vfio
 from gpunode.host.findings import Expectations, evaluate
+from gpunode.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "fixtures" / "host" / "h200"
@@ -98,7 +99,7 @@ def test_gather_replays_the_recorded_files(tmp_path: Path, facts: dict[str, Any]
     # The module_utils reader, over the very files recorded on the H200, gives the same facts.
     with tarfile.open(RECORDED / "sysroot.tar.gz") as tar:
         tar.extractall(tmp_path, filter="tar")
-    spec = importlib.util.spec_from_file_location("nvidia_host", ROOT / "playbooks" / "module_utils" / "nvidia_host.py")
+    spec = importlib.util.spec_from_file_location("nvidia_host", MODULE_UTILS / "nvidia_host.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

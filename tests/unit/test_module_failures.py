@@ -11,18 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpunode.paths import ANSIBLE_CFG
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_module(name: str, args: dict, tmp_path: Path) -> dict:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LIBRARY": str(ROOT / "playbooks" / "library"),
-           "ANSIBLE_MODULE_UTILS": str(ROOT / "playbooks" / "module_utils"),
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_LOCAL_TEMP": str(tmp_path),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
         [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"gpunode.core.{name}", "-a", json.dumps(args)],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     # minimal callback: "localhost | FAILED! => {...}" (or SUCCESS)

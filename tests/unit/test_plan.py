@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpunode import hostfile, plan, profiles, stages
+from gpunode.paths import PLAYBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
@@ -141,11 +142,11 @@ def test_stage_selection_errors() -> None:
 def test_each_built_stage_is_one_tagged_play() -> None:
     import yaml
 
-    provision = yaml.safe_load((ROOT / "playbooks" / "provision.yml").read_text())
+    provision = yaml.safe_load((PLAYBOOKS / "provision.yml").read_text())
     imported = [entry["ansible.builtin.import_playbook"] for entry in provision]
     assert imported == [f"stages/{name}.yml" for name in stages.built_stages()]
     for name in stages.built_stages():
-        plays = yaml.safe_load((ROOT / "playbooks" / "stages" / f"{name}.yml").read_text())
+        plays = yaml.safe_load((PLAYBOOKS / "stages" / f"{name}.yml").read_text())
         assert len(plays) == 1 and plays[0]["tags"] == [name]
 
 

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpunode.paths import COLLECTION
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "defaults" / "main.yml").exists())
+ROLES = sorted(p.name for p in (COLLECTION / "roles").iterdir() if (p / "defaults" / "main.yml").exists())
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_argument_specs_equal_defaults(role: str) -> None:
-    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
-    specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    defaults = yaml.safe_load((COLLECTION / "roles" / role / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((COLLECTION / "roles" / role / "meta" / "argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
     assert set(options) == set(defaults)
     for name, value in defaults.items():
@@ -41,7 +42,7 @@ def _shell_tasks(node: object) -> list[dict]:
     return found
 
 
-TASK_FILES = sorted((ROOT / "roles").glob("*/tasks/*.yml")) + sorted((ROOT / "roles").glob("*/handlers/*.yml"))
+TASK_FILES = sorted((COLLECTION / "roles").glob("*/tasks/*.yml")) + sorted((COLLECTION / "roles").glob("*/handlers/*.yml"))
 
 
 
@@ -69,7 +70,7 @@ def test_shell_scripts_fail_when_any_part_fails() -> None:
     checked = [(path, task) for path in TASK_FILES for task in _shell_tasks(yaml.safe_load(path.read_text()))
                if _needs_pipefail(task)]
     assert len(checked) >= 2  # the probe image build and the boot-configuration handler
-    problems = [f"{path.relative_to(ROOT)}: {pipeline_problem(task)}" for path, task in checked if pipeline_problem(task)]
+    problems = [f"{path.relative_to(COLLECTION)}: {pipeline_problem(task)}" for path, task in checked if pipeline_problem(task)]
     assert not problems, problems
 
 

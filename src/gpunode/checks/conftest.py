@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpunode.checks import UNREACHABLE
+from gpunode.paths import MODULE_UTILS
 
-PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
 SSH_FAILED = 255  # ssh's own exit status: the connection failed, the command never ran
 
 
@@ -84,7 +84,7 @@ def gpu_node(host: Any) -> Any:
 
 def _remote_python(host: Any, module: str, call: str) -> Any:
     """Run one of gpunode's module_utils (plain Python) on the host and return its JSON."""
-    source = (PLAYBOOKS / "module_utils" / f"{module}.py").read_text()
+    source = (MODULE_UTILS / f"{module}.py").read_text()
     program = source + f"\nimport json as _j\nprint(_j.dumps({call}))\n"
     result = host.run("python3 -c %s", program)
     if result.rc != 0:

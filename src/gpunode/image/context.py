@@ -19,7 +19,7 @@ import jinja2
 
 from gpunode.hostfile import Image, ImagePins
 from gpunode.image.patches import PatchFormatError, parse_patch
-from gpunode.paths import project_root
+from gpunode.paths import IMAGES
 
 VENV = "/opt/sglang"
 # 2026-02-24T00:00:00Z, the resolution cut-off of lock.sh: a fixed time for hash-based .pyc files.
@@ -51,7 +51,7 @@ class ImageInputError(ValueError):
 
 
 def images_dir() -> Path:
-    return project_root() / "images" / "sglang"
+    return IMAGES / "sglang"
 
 
 def version_matches(pin: str, version: str | None) -> bool:
