@@ -21,6 +21,8 @@ def test_argument_specs_equal_defaults(role: str) -> None:
     for name, value in defaults.items():
         assert options[name]["default"] == value, name
         assert options[name].get("description"), name
+        # An unquoted ", " in a flow mapping splits a description into a stray key: nothing but these.
+        assert set(options[name]) <= {"type", "elements", "choices", "default", "description", "required"}, name
         assert name.startswith(f"{role}_"), f"{name} is not prefixed with {role}_"
 
 

@@ -68,7 +68,7 @@ def kernel_cmdline(root: str) -> dict[str, object]:
     cmdline = _read(root, "/proc/cmdline") or ""
     args: dict[str, str] = {}
     for token in cmdline.split():
-        key, _, value = token.partition("=")
+        key, _sep, value = token.partition("=")
         args[key] = value
     return {
         "cmdline": cmdline,

@@ -1,4 +1,3 @@
-#!/usr/bin/python
 """Shared by gpunode's modules: the NVIDIA device nodes of a machine, and /proc/devices.
 
 Plain Python (no Ansible imports), so the same code runs as module_utils on a target and as a
@@ -79,7 +78,7 @@ def scan(dev_root: str, try_open: bool) -> dict[str, object]:
                 caps.append(f"/dev/nvidia-caps/{name}")
     return {
         "devices": devices,
-        "gpus": [path for _, path in sorted(gpus)],
+        "gpus": [path for _minor, path in sorted(gpus)],
         "caps": caps,
         "proc_devices": proc_devices(),
     }

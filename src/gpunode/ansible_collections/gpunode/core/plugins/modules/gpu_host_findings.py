@@ -1,28 +1,79 @@
 #!/usr/bin/python
-"""Ansible module: turn gathered host facts into named findings with fixes (gpunode.host).
-
-Runs on the controller with gpunode's interpreter. Fails, before the stage changes anything,
-when a finding is blocking (something the stage cannot fix by itself).
-"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: gpu_host_findings
 short_description: Evaluate a GPU host's facts into findings, failing on blocking ones
+description:
+  - Turns the facts of M(gpunode.core.nvidia_host_facts) into named findings (os, gpus, gpu_binding, driver,
+    open_module, iommu, hmm, persistenced, device_nodes), each with its fix.
+  - Fails, before anything is changed, when a finding is blocking (something the host stage cannot fix by itself).
+  - Runs on the controller with gpunode's interpreter (it imports the gpunode package).
+version_added: 0.1.0
+author:
+  - gpunode developers (!UNKNOWN)
+requirements:
+  - the gpunode Python package on the controller
 options:
-  facts: {type: dict, required: true}
-  driver_version: {type: str, required: true}
-  open_module: {type: bool, default: true}
-  disable_hmm: {type: bool, default: true}
-  release_vfio: {type: bool, default: true}
-  persistenced: {type: bool, default: true}
-  installer: {type: bool, default: false}
+  facts:
+    description: The facts returned by M(gpunode.core.nvidia_host_facts).
+    type: dict
+    required: true
+  driver_version:
+    description: The NVIDIA driver version the host must run (570 or newer for SM120).
+    type: str
+    required: true
+  open_module:
+    description: Require NVIDIA's open kernel module (Blackwell needs it).
+    type: bool
+    default: true
+  disable_hmm:
+    description: Expect C(uvm_disable_hmm=1) (otherwise cuInit fails with error 3 on some kernels).
+    type: bool
+    default: true
+  release_vfio:
+    description: The host stage may release GPUs bound to vfio-pci, so such a binding is not blocking.
+    type: bool
+    default: true
+  persistenced:
+    description: Expect nvidia-persistenced to run.
+    type: bool
+    default: true
+  installer:
+    description: A driver installer is configured, so a missing or wrong driver is not blocking.
+    type: bool
+    default: false
 """
+
+EXAMPLES = r"""
+- name: Judge the host's facts
+  gpunode.core.gpu_host_findings:
+    facts: "{{ host_facts.facts }}"
+    driver_version: "580.95.05"
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+findings:
+  description: Every finding, with name, status (ok, fail, warn), detail, fix and whether it blocks.
+  returned: always
+  type: list
+  elements: dict
+failed_findings:
+  description: Names of the findings that failed without blocking (fixed by the host stage).
+  returned: success
+  type: list
+  elements: str
+gpunode_summary:
+  description: One line per finding, for gpunode's progress output.
+  returned: always
+  type: str
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def main() -> None:
@@ -38,6 +89,13 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    try:
+        _run(module)
+    except Exception as exc:  # a failure is a message through fail_json, never a traceback
+        module.fail_json(msg=f"gpu_host_findings: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
+def _run(module: AnsibleModule) -> None:
     from gpunode.host.findings import Expectations, as_dicts, evaluate
 
     p = module.params
@@ -54,13 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
-        import json
-        import sys
-        import traceback
-
-        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
-                          "exception": traceback.format_exc()}))
-        sys.exit(1)
+    main()

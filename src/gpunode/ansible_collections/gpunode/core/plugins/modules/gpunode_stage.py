@@ -1,25 +1,63 @@
 #!/usr/bin/python
-"""Ansible module: run one GPU-side stage (image, p2p, serve, smoke) through gpunode.stagerun.
-
-Runs on the controller with gpunode's interpreter (delegate_to: localhost); reaches the node's
-Docker engine over SSH. Thin: the stage logic is gpunode's own tested Python.
-"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: gpunode_stage
 short_description: Run a GPU-side provision stage on a node's Docker engine
+description:
+  - Runs one of gpunode's GPU-side stages (image, p2p, serve, smoke) for one host of a host file, through the
+    gpunode Python package, against the node's Docker engine over SSH.
+  - Runs on the controller with gpunode's interpreter (delegated to localhost).
+  - In check mode the stage reports what it would do and changes nothing.
+version_added: 0.1.0
+author:
+  - gpunode developers (!UNKNOWN)
+requirements:
+  - the gpunode Python package on the controller
 options:
-  stage: {type: str, required: true, choices: [image, p2p, serve, smoke]}
-  hostfile: {type: path, required: true}
-  host: {type: str, required: true, description: the host's name in the host file}
-  api_key_file: {type: path, description: the run's file holding the server API key}
+  stage:
+    description: The stage to run.
+    type: str
+    required: true
+    choices: [image, p2p, serve, smoke]
+  hostfile:
+    description: The gpunode host file (YAML).
+    type: path
+    required: true
+  host:
+    description: The host's name in the host file.
+    type: str
+    required: true
+  api_key_file:
+    description: The run's file holding the server's API key, when the host file names one.
+    type: path
 """
+
+EXAMPLES = r"""
+- name: Start the server and wait until it serves
+  gpunode.core.gpunode_stage:
+    stage: serve
+    hostfile: /etc/gpunode/host.yml
+    host: pve1
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+gpunode_summary:
+  description: What the stage did, one line each.
+  returned: always
+  type: str
+data:
+  description: The stage's record (for example the image tag and verify result, or the P2P verdict).
+  returned: always
+  type: dict
+"""
+
+from pathlib import Path
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def main() -> None:
@@ -32,6 +70,13 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    try:
+        _run(module)
+    except Exception as exc:  # a failure is a message through fail_json, never a traceback
+        module.fail_json(msg=f"gpunode_stage: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
+def _run(module: AnsibleModule) -> None:
     from gpunode import hostfile, stagerun
     from gpunode.engine import EngineUnreachable
 
@@ -55,13 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
-        import json
-        import sys
-        import traceback
-
-        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
-                          "exception": traceback.format_exc()}))
-        sys.exit(1)
+    main()

@@ -1,20 +1,17 @@
 #!/usr/bin/python
-"""Ansible module: list the NVIDIA device nodes of a machine with their major:minor.
-
-Read-only, so it runs in check mode too. Used where nodes are discovered (the Proxmox host) and
-where the hand-off is verified (inside the container).
-"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 DOCUMENTATION = r"""
 module: nvidia_device_facts
 short_description: List /dev/nvidia* nodes with type, major, minor and whether they open
+description:
+  - Lists the NVIDIA device nodes of a machine with their major and minor numbers.
+  - Read-only, so it runs in check mode too. Used where nodes are discovered (the Proxmox host) and
+    where the hand-off is verified (inside the container).
+version_added: 0.1.0
+author:
+  - gpunode developers (!UNKNOWN)
 options:
   dev_root:
     description: The directory holding the nodes (tests point it elsewhere).
@@ -26,20 +23,42 @@ options:
     default: true
 """
 
+EXAMPLES = r"""
+- name: Find the NVIDIA device nodes on the Proxmox host
+  gpunode.core.nvidia_device_facts:
+    try_open: false
+  register: nodes
+
+- name: Show the GPU nodes found
+  ansible.builtin.debug:
+    msg: "{{ nodes.gpus }}"
+"""
+
 RETURN = r"""
 devices:
   description: Map of node path (as /dev/...) to char, major, minor, mode, open_error (null when it opened).
+  returned: always
   type: dict
 gpus:
   description: Paths of the /dev/nvidiaN GPU nodes, by minor number.
+  returned: always
   type: list
+  elements: str
 caps:
   description: Paths of /dev/nvidia-caps/* nodes (MIG).
+  returned: always
   type: list
+  elements: str
 proc_devices:
   description: Char device majors by driver name from /proc/devices (nvidia, nvidia-uvm, ...).
+  returned: always
   type: dict
 """
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 
 def main() -> None:
@@ -47,17 +66,15 @@ def main() -> None:
         argument_spec={"dev_root": {"type": "path", "default": "/dev"}, "try_open": {"type": "bool", "default": True}},
         supports_check_mode=True,
     )
+    try:
+        _run(module)
+    except Exception as exc:  # a failure is a message through fail_json, never a traceback
+        module.fail_json(msg=f"nvidia_device_facts: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
+def _run(module: AnsibleModule) -> None:
     module.exit_json(changed=False, **scan(module.params["dev_root"], module.params["try_open"]))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
-        import json
-        import sys
-        import traceback
-
-        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
-                          "exception": traceback.format_exc()}))
-        sys.exit(1)
+    main()

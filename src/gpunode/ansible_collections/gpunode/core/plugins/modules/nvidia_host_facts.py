@@ -1,26 +1,54 @@
 #!/usr/bin/python
-"""Ansible module: read-only facts of a GPU host (driver, HMM, PCI binding, IOMMU, device nodes).
-
-Reads files only: runtime state (/proc, /sys, /run) under ``facts_root`` (``/`` on a real host;
-the lab points it at readings recorded on a real GPU machine), configuration (/etc, dpkg) under
-``/``, and the device nodes under ``dev_root``.
-"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils.nvidia_host import gather
-from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 DOCUMENTATION = r"""
 module: nvidia_host_facts
 short_description: Read a GPU host's NVIDIA driver, HMM, PCI, IOMMU and device-node state
+description:
+  - Reads files only, so it changes nothing and runs in check mode.
+  - Runtime state (C(/proc), C(/sys), C(/run)) is read under O(facts_root); configuration (C(/etc), dpkg's
+    status) under C(/); the NVIDIA device nodes under O(dev_root).
+  - The gpunode lab points O(facts_root) at files recorded on a real GPU machine.
+version_added: 0.1.0
+author:
+  - gpunode developers (!UNKNOWN)
 options:
-  facts_root: {type: path, default: /, description: prefix for /proc, /sys and /etc reads}
-  dev_root: {type: path, default: /dev, description: where the device nodes are}
+  facts_root:
+    description: Prefix under which C(/proc), C(/sys) and C(/run) are read.
+    type: path
+    default: /
+  dev_root:
+    description: Directory holding the NVIDIA device nodes.
+    type: path
+    default: /dev
 """
+
+EXAMPLES = r"""
+- name: Read the Proxmox host's GPU facts
+  gpunode.core.nvidia_host_facts:
+  register: host_facts
+
+- name: Read facts recorded on another machine
+  gpunode.core.nvidia_host_facts:
+    facts_root: /var/lib/gpunode-lab-facts
+"""
+
+RETURN = r"""
+facts:
+  description:
+    - The host's state, key by key, as gpunode.host.findings reads it.
+    - C(driver) (loaded, version, open module), C(uvm) (HMM disabled or not), C(gpus) (PCI address, id, bound driver),
+      C(kernel) (command line, IOMMU), C(os), C(modprobe) (lines configuring vfio or nvidia), C(persistenced), C(devices).
+  returned: always
+  type: dict
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils.nvidia_host import gather
+from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 
 def main() -> None:
@@ -28,19 +56,17 @@ def main() -> None:
         argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"}},
         supports_check_mode=True,
     )
+    try:
+        _run(module)
+    except Exception as exc:  # a failure is a message through fail_json, never a traceback
+        module.fail_json(msg=f"nvidia_host_facts: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
+def _run(module: AnsibleModule) -> None:
     facts = gather(module.params["facts_root"], config_root="/")
     facts["devices"] = scan(module.params["dev_root"], try_open=False)
     module.exit_json(changed=False, facts=facts)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
-        import json
-        import sys
-        import traceback
-
-        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
-                          "exception": traceback.format_exc()}))
-        sys.exit(1)
+    main()

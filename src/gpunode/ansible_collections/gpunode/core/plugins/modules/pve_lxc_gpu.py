@@ -1,45 +1,206 @@
 #!/usr/bin/python
-"""Ansible module: converge the GPU LXC container through the Proxmox API.
-
-Thin: parameters in, gpunode.pve.lxc.ensure out. Runs on the controller (delegate_to: localhost,
-with gpunode's own interpreter), because the API is reached from there. Check mode reports what
-would be created or changed without writing.
-"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: pve_lxc_gpu
 short_description: Create and keep an LXC container with NVIDIA GPUs passed through (devN)
+description:
+  - Converges one LXC container through the Proxmox VE API to a desired config, with one C(devN) entry per
+    NVIDIA device node the host really has, and leaves it running.
+  - Thin over the gpunode package (gpunode.pve, on proxmoxer). Runs on the controller (delegated to localhost)
+    with gpunode's interpreter, because the API is reached from there.
+  - Owns only what it made. A container it creates carries the C(gpunode) tag and a description line naming the
+    host; an existing container without the tag is refused before any write unless O(adopt) is set, and is never
+    destroyed, adopted or not.
+  - C(devN) is root@pam only; an API token is refused before any request.
+version_added: 0.1.0
+author:
+  - gpunode developers (!UNKNOWN)
+requirements:
+  - the gpunode Python package (and proxmoxer) on the controller
+attributes:
+  check_mode:
+    description: Reports what would be created or changed, writing nothing.
+    support: full
+  diff_mode:
+    description: Shows the live config against the desired one.
+    support: full
 options:
-  api_url: {type: str, required: true}
-  node: {type: str, required: true}
-  auth_method: {type: str, choices: [password, token, local], default: password}
-  user: {type: str, default: root@pam}
-  password_file: {type: path, description: file holding the root@pam password}
-  password: {type: str, no_log: true, description: the password itself (from ansible-vault)}
-  token_id: {type: str}
-  token_secret_file: {type: path}
-  token_secret: {type: str, no_log: true}
-  tls_verify: {type: bool, default: true}
-  ca_file: {type: path}
-  fingerprint: {type: str}
-  task_timeout_s: {type: int, default: 300}
-  config: {type: dict, required: true, description: desired config without devN entries}
-  devices: {type: list, elements: str, required: true, description: NVIDIA node paths found on the host}
-  gpus: {type: raw, default: all}
-  mig: {type: bool, default: false}
-  control_nodes: {type: list, elements: str, required: true}
-  optional_nodes: {type: list, elements: str, default: []}
-  ssh_public_keys_file: {type: path}
-  allow_restart: {type: bool, default: false}
-  allow_recreate: {type: bool, default: false}
-  adopt: {type: bool, default: false, description: take over a container gpunode did not make (adds its mark)}
+  api_url:
+    description: The Proxmox VE API, for example V(https://pve1:8006).
+    type: str
+    required: true
+  node:
+    description: The Proxmox node name.
+    type: str
+    required: true
+  auth_method:
+    description:
+      - V(password) logs in as O(user) with a ticket; V(token) uses an API token (refused, since devN is root@pam only);
+        V(local) runs pvesh on the Proxmox host itself.
+    type: str
+    choices: [password, token, local]
+    default: password
+  user:
+    description: The API user.
+    type: str
+    default: root@pam
+  password_file:
+    description: File holding the password of O(user).
+    type: path
+  password:
+    description: The password itself (from ansible-vault). Prefer O(password_file).
+    type: str
+  token_id:
+    description: API token id (the name after the C(!)).
+    type: str
+  token_secret_file:
+    description: File holding the API token's secret.
+    type: path
+  token_secret:
+    description: The token secret itself (from ansible-vault). Prefer O(token_secret_file).
+    type: str
+  tls_verify:
+    description: Verify the API's certificate.
+    type: bool
+    default: true
+  ca_file:
+    description: CA certificate to verify the API against.
+    type: path
+  fingerprint:
+    description: SHA-256 fingerprint of the API's certificate to pin (C(AA:BB:...)); the login goes through the pin too.
+    type: str
+  task_timeout_s:
+    description: How long to wait for each Proxmox task (UPID), in seconds.
+    type: int
+    default: 300
+  config:
+    description: The desired container config without devN entries (POST /nodes/{node}/lxc parameters).
+    type: dict
+    required: true
+  devices:
+    description: The NVIDIA device node paths found on the host (M(gpunode.core.nvidia_device_facts)).
+    type: list
+    elements: str
+    required: true
+  gpus:
+    description: V(all), or a list of C(/dev/nvidiaN) minor numbers.
+    type: raw
+    default: all
+  mig:
+    description: Also pass the C(/dev/nvidia-caps) nodes (MIG).
+    type: bool
+    default: false
+  control_nodes:
+    description: Nodes the host must have and the container gets (nvidiactl and the nvidia-uvm pair).
+    type: list
+    elements: str
+    required: true
+  optional_nodes:
+    description: Nodes the container gets when the host has them (nvidia-modeset).
+    type: list
+    elements: str
+    default: []
+  ssh_public_keys_file:
+    description: Public keys injected into the container at creation.
+    type: path
+  allow_restart:
+    description: Restart a running container when devN or feature changes need it.
+    type: bool
+    default: false
+  allow_recreate:
+    description: Re-create the container when a change needs it (destroys its disk); never one gpunode did not make.
+    type: bool
+    default: false
+  adopt:
+    description: Take over an existing container that does not carry the C(gpunode) tag, and add the mark.
+    type: bool
+    default: false
 """
+
+EXAMPLES = r"""
+- name: Converge the GPU container
+  gpunode.core.pve_lxc_gpu:
+    api_url: https://pve1:8006
+    node: pve1
+    password_file: /root/.pve-pass
+    ca_file: /etc/gpunode/pve-root-ca.pem
+    config:
+      vmid: 200
+      hostname: glm5
+      ostemplate: local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst
+      rootfs: local-lvm:200
+      cores: 64
+      memory: 524288
+      net0: name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1
+      features: nesting=1,keyctl=1
+      tags: gpunode
+    devices: "{{ nodes.devices.keys() | list }}"
+    gpus: all
+    control_nodes: [/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools]
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+vmid:
+  description: The container's id.
+  returned: success
+  type: int
+created:
+  description: The container was created by this run.
+  returned: success
+  type: bool
+adopted:
+  description: The container was taken over by this run (O(adopt)).
+  returned: success
+  type: bool
+started:
+  description: The container was started by this run.
+  returned: success
+  type: bool
+restarted:
+  description: The container was restarted to apply pending changes.
+  returned: success
+  type: bool
+restart_needed:
+  description: Changes wait for a restart (see O(allow_restart)).
+  returned: success
+  type: bool
+pending:
+  description: Config keys waiting for a restart.
+  returned: success
+  type: list
+  elements: str
+changes:
+  description: Each key that differed, with before, after and how it changes (set, delete, resize, recreate).
+  returned: success
+  type: list
+  elements: dict
+actions:
+  description: What was done or would be done, in words.
+  returned: success
+  type: list
+  elements: str
+requests:
+  description: API requests sent, by method.
+  returned: always
+  type: dict
+writes:
+  description: Write requests sent (the login not counted); 0 on a converged container.
+  returned: success
+  type: int
+gpunode_unreachable:
+  description: Set when the API did not answer; gpunode reports the host as unreachable.
+  returned: failure
+  type: bool
+"""
+
+from pathlib import Path
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+
 
 ARGS = {
     "api_url": {"type": "str", "required": True},
@@ -87,6 +248,13 @@ def _lines(config: dict) -> str:
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGS, supports_check_mode=True)
     try:
+        _run(module)
+    except Exception as exc:  # a failure is a message through fail_json, never a traceback
+        module.fail_json(msg=f"pve_lxc_gpu: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
+def _run(module: AnsibleModule) -> None:
+    try:
         from gpunode.pve import lxc
         from gpunode.pve.client import Connection, PveClient, PveError, PveUnreachable
     except ImportError as exc:
@@ -99,7 +267,7 @@ def main() -> None:
         module.fail_json(msg=f"GPU device nodes: {exc}")
     desired = {**p["config"], **devices}
     if p["ssh_public_keys_file"]:
-        keys_file = Path(p["ssh_public_keys_file"]).expanduser()
+        keys_file = Path(p["ssh_public_keys_file"])  # type path: already expanded
         try:
             desired["ssh-public-keys"] = keys_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -146,13 +314,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a module's failure is a message, never a traceback (README, exit codes)
-        import json
-        import sys
-        import traceback
-
-        print(json.dumps({"failed": True, "msg": f"{Path(__file__).stem}: unexpected {type(exc).__name__}: {exc}",
-                          "exception": traceback.format_exc()}))
-        sys.exit(1)
+    main()
