@@ -203,7 +203,7 @@ def check(
     layers: Annotated[Optional[list[str]], typer.Option("--layer", help="only these layers (comma list)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
-    """Is this node right? testinfra checks by layer: host, container, inside.
+    """Is this node right? testinfra checks by layer: host, container, inside, image, p2p, server.
 
     Exit codes: 0 every check passed (pending ones wait for a reload or reboot), 1 a check failed,
     2 bad input, 3 a host unreachable (its checks not run), 4 no check could run, 130 interrupted.
