@@ -1,8 +1,6 @@
 """Filters for the node stage; the logic lives in gpunode.node.userspace (plain, tested Python).
 
-They run on the controller, where gpunode's own interpreter has the package. Elsewhere (a plain
-ansible-core, ansible-test's import check) the plugin still loads and each filter says what it
-needs when used.
+They run on the controller, with gpunode's own interpreter.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ansible.errors import AnsibleFilterError
+from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
     from gpunode.node.userspace import installed_versions, module_version, needs_install
@@ -21,20 +19,10 @@ else:
     IMPORT_ERROR = None
 
 
-def _needs_gpunode(function: Any) -> Callable[..., Any]:
-    if IMPORT_ERROR is None:
-        return function
-
-    def missing(*args: Any, **kwargs: Any) -> Any:
-        raise AnsibleFilterError(f"gpunode.core filters need the gpunode Python package ({IMPORT_ERROR}): "
-                                 "run them through gpunode or its interpreter")
-    return missing
-
-
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "module_version": _needs_gpunode(module_version),
-            "userspace_versions": _needs_gpunode(installed_versions),
-            "userspace_needs_install": _needs_gpunode(needs_install),
-        }
+        return filters_needing_gpunode({
+            "module_version": module_version,
+            "userspace_versions": installed_versions,
+            "userspace_needs_install": needs_install,
+        }, IMPORT_ERROR)

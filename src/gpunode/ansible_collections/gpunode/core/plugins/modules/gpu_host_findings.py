@@ -71,9 +71,8 @@ gpunode_summary:
   type: str
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils import guard
 
 
 def main() -> None:
@@ -89,10 +88,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    try:
-        _run(module)
-    except Exception as exc:  # a failure is a message through fail_json, never a traceback
-        module.fail_json(msg=f"gpu_host_findings: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    guard.run(module, "gpu_host_findings", _run)
 
 
 def _run(module: AnsibleModule) -> None:

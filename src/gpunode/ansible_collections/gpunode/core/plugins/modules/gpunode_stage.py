@@ -55,9 +55,9 @@ data:
 """
 
 from pathlib import Path
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils import guard
 
 
 def main() -> None:
@@ -70,10 +70,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    try:
-        _run(module)
-    except Exception as exc:  # a failure is a message through fail_json, never a traceback
-        module.fail_json(msg=f"gpunode_stage: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    guard.run(module, "gpunode_stage", _run)
 
 
 def _run(module: AnsibleModule) -> None:

@@ -55,9 +55,8 @@ proc_devices:
   type: dict
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils import guard
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 
@@ -66,10 +65,7 @@ def main() -> None:
         argument_spec={"dev_root": {"type": "path", "default": "/dev"}, "try_open": {"type": "bool", "default": True}},
         supports_check_mode=True,
     )
-    try:
-        _run(module)
-    except Exception as exc:  # a failure is a message through fail_json, never a traceback
-        module.fail_json(msg=f"nvidia_device_facts: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    guard.run(module, "nvidia_device_facts", _run)
 
 
 def _run(module: AnsibleModule) -> None:

@@ -44,9 +44,8 @@ facts:
   type: dict
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils import guard
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_host import gather
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
@@ -56,10 +55,7 @@ def main() -> None:
         argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"}},
         supports_check_mode=True,
     )
-    try:
-        _run(module)
-    except Exception as exc:  # a failure is a message through fail_json, never a traceback
-        module.fail_json(msg=f"nvidia_host_facts: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    guard.run(module, "nvidia_host_facts", _run)
 
 
 def _run(module: AnsibleModule) -> None:

@@ -197,9 +197,9 @@ gpunode_unreachable:
 """
 
 from pathlib import Path
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpunode.core.plugins.module_utils import guard
 
 
 ARGS = {
@@ -247,10 +247,7 @@ def _lines(config: dict) -> str:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGS, supports_check_mode=True)
-    try:
-        _run(module)
-    except Exception as exc:  # a failure is a message through fail_json, never a traceback
-        module.fail_json(msg=f"pve_lxc_gpu: unexpected {type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    guard.run(module, "pve_lxc_gpu", _run)
 
 
 def _run(module: AnsibleModule) -> None:
