@@ -3,8 +3,8 @@
 # requirements.in, overrides.txt and pip.in. Resolution is frozen at EXCLUDE_NEWER, the day after
 # sglang 0.5.9 reached PyPI, so a re-lock months later resolves the same ecosystem the seeds ran.
 #
-#   images/sglang/lock.sh            # writes the locks beside this script
-#   CA_BUNDLE=/path/ca.pem images/sglang/lock.sh   # behind a TLS-intercepting proxy
+#   src/gpunode/images/sglang/lock.sh            # writes the locks beside this script
+#   CA_BUNDLE=/path/ca.pem src/gpunode/images/sglang/lock.sh   # behind a TLS-intercepting proxy
 #
 # uv runs from its own throwaway venv (uv is no dependency of gpunode); host pip and uv config
 # files are ignored so the result depends on the inputs alone.
