@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,9 +82,29 @@ def _message(report: Any) -> str:
         return str(text).removeprefix("Skipped: ").removeprefix("reason: ")
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
+    if "CommandResult(" in text:
+        return command_failure(text)
     # "AssertionError: <our message>\nassert ..." -> our message, on one line
     ours = text.split("\nassert ")[0].removeprefix("AssertionError: ").removeprefix("Failed: ")
     return " ".join(ours.split())
+
+
+def _field(text: str, name: str) -> str:
+    """One bytes field of testinfra's CommandResult repr (command=b'...', _stderr=b'...'), decoded."""
+    match = re.search(rf"{name}=b(['\"])(.*?)(?<!\\)\1(?:, |\))", text, re.S)
+    return match.group(2).encode().decode("unicode_escape", "replace") if match else ""
+
+
+def command_failure(text: str, width: int = 300) -> str:
+    """testinfra's CommandResult repr (which may carry a whole script) as the command's first line,
+    its exit status and the last lines of its stderr."""
+    command = _field(text, "command").strip()
+    status = re.search(r"exit_status=(-?\d+)", text)
+    stderr = " | ".join(line.strip() for line in _field(text, "_stderr").strip().splitlines()[-2:] if line.strip())
+    first = command.splitlines()[0] if command else "?"
+    shown = first if len(first) <= 80 and "\n" not in command else first[:77] + "..."
+    return (f"command `{shown}` failed (exit {status.group(1) if status else '?'}): "
+            f"{stderr or 'no error output'}")[:width]
 
 
 class _Collector:

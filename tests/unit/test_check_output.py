@@ -126,3 +126,16 @@ def test_report_exit_codes_for_unreachable_and_nothing_run() -> None:
     out = io.StringIO()
     render(down, Console(file=out, width=200, color_system=None))
     assert out.getvalue().splitlines()[0] == "UNREACHABLE pve: ssh: connect: Connection refused (2 checks not run)"
+
+
+def test_command_failure_shows_the_command_and_stderr_never_the_script() -> None:
+    from gpunode.check import command_failure
+
+    script = "import json\\n" + "x = 1\\n" * 5000  # a facts script's body, as testinfra puts it in its repr
+    text = (f"RuntimeError: CommandResult(backend=<testinfra.backend.ssh.SshBackend object at 0x7f>, exit_status=1, "
+            f"command=b'python3 -c {script}', _stdout=b'', _stderr=b'Traceback (most recent call last):\\n"
+            f"  File \"<string>\", line 1\\nPermissionError: [Errno 13] /sys/module/nvidia_uvm\\n')")
+    line = command_failure(text)
+    assert line == ("command `python3 -c import json...` failed (exit 1): "
+                    "File \"<string>\", line 1 | PermissionError: [Errno 13] /sys/module/nvidia_uvm")
+    assert "x = 1" not in line and len(line) <= 300
