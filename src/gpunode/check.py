@@ -82,10 +82,11 @@ def _message(report: Any) -> str:
         return str(text).removeprefix("Skipped: ").removeprefix("reason: ")
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    if "CommandResult(" in text:
-        return command_failure(text)
-    # "AssertionError: <our message>\nassert ..." -> our message, on one line
+    # "AssertionError: <our message>\nassert ..." -> our message, on one line (pytest's own
+    # explanation after it may show a CommandResult: ours is what counts)
     ours = text.split("\nassert ")[0].removeprefix("AssertionError: ").removeprefix("Failed: ")
+    if "CommandResult(" in ours:  # no message of ours: an exception that carries testinfra's repr
+        return command_failure(ours)
     return " ".join(ours.split())
 
 

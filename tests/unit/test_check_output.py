@@ -139,3 +139,18 @@ def test_command_failure_shows_the_command_and_stderr_never_the_script() -> None
     assert line == ("command `python3 -c import json...` failed (exit 1): "
                     "File \"<string>\", line 1 | PermissionError: [Errno 13] /sys/module/nvidia_uvm")
     assert "x = 1" not in line and len(line) <= 300
+
+
+def test_our_message_wins_over_pytests_explanation() -> None:
+    """A check's own failure message stays; the CommandResult in pytest's explanation below it is
+    not ours to show."""
+    from types import SimpleNamespace
+
+    from gpunode.check import _message
+
+    crash = ("AssertionError: a container with the GPU hand-off did not start: no such image -> run `gpunode "
+             "provision --tags node`\nassert 125 == 0\n +  where 125 = CommandResult(backend=<x>, exit_status=125, "
+             "command=b'docker run --rm gpunode/probe:bookworm-1', _stdout=b'', _stderr=b'no such image').rc")
+    report = SimpleNamespace(outcome="failed", longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message=crash)))
+    assert _message(report) == ("a container with the GPU hand-off did not start: no such image -> run "
+                                "`gpunode provision --tags node`")
