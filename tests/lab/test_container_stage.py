@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import ssl
 from pathlib import Path
 from typing import Any
@@ -191,9 +190,8 @@ def test_foreign_container_refused_then_adopted(gpunode, fresh_container: None) 
 
 def test_refused_api_is_unreachable(gpunode, tmp_path: Path) -> None:
     hosts = variant(tmp_path, "url: https://127.0.0.2:8006", "url: https://127.0.0.2:9")
-    started = time.monotonic()
-    rc, summary, stderr = run(gpunode, hosts=hosts)
-    assert rc == 3 and time.monotonic() - started < 15
+    rc, summary, stderr = run(gpunode, hosts=hosts)  # how fast: benchmarks/bad_input.py
+    assert rc == 3
     assert summary["failures"][0]["message"].startswith("unreachable: Proxmox API https://127.0.0.2:9 unreachable")
     rc, _, stderr = live_owner(gpunode, hosts)
     assert rc == 3 and stderr.startswith("error: pve-lab: Proxmox API https://127.0.0.2:9 unreachable")

@@ -247,14 +247,12 @@ i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
 ])
 def test_hostile_yaml_is_refused_fast(tmp_path: Path, gpunode, text: str, expected: str) -> None:
     import re
-    import time
 
+    # How fast: benchmarks/bad_input.py (well under a second; 38 s and 2.4 GB before the bound).
     path = tmp_path / "host.yml"
     path.write_text(text)
-    started = time.monotonic()
     with pytest.raises(hostfile.HostFileError) as caught:
         hostfile.load(path)
-    assert time.monotonic() - started < 1.0
     assert len(caught.value.problems) == 1 and re.search(expected, caught.value.problems[0])
     result = gpunode("validate", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -187,8 +187,9 @@ class PveClient:
                     raise PveUnreachable(f"Proxmox API {self.conn.url} unreachable: {message}") from None
                 if "401" in message or "authentication failure" in message.lower():
                     raise PveError(f"login to {self.conn.url} as {self.conn.user} refused: {message}", 401) from None
-                retryable = status is None and not isinstance(exc, requests.exceptions.SSLError) or (status or 0) >= 500
-                raise PveError(f"cannot connect to {self.conn.url}: {message}", status, retryable) from None
+                # Unreachable was handled above; what is left (a bad CA file, TLS, a 4xx) will not
+                # change by retrying, a 5xx may.
+                raise PveError(f"cannot connect to {self.conn.url}: {message}", status, (status or 0) >= 500) from None
             if self.conn.fingerprint:
                 self._api._store["session"].mount("https://", _PinnedAdapter(self.conn.fingerprint))
         return self._api
