@@ -14,7 +14,7 @@ def test_known_failure_is_named(gpunode) -> None:
     assert result.returncode == 0
     first, fix, evidence = result.stdout.splitlines()
     assert first == "cuda_oom: CUDA out of memory" and fix.startswith("  fix: lower --mem-fraction-static")
-    assert evidence.startswith("  evidence: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert evidence.startswith("  evidence: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 400.00 GiB")
 
 
 def test_unknown_log_from_stdin_as_json(gpunode, tmp_path: Path) -> None:
