@@ -169,23 +169,10 @@ def provision(
             for name, why in lab_skipped.items():
                 console.print(f"lab: not running stage {name}: {why} "
                               f"(--tags {name} runs it anyway)", markup=False)
-            extravars = {"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container,
-                         "gpunode_adopt": adopt}
-            summary = None
-            if adopt and not check:
-                # The full diff first, as --check --diff shows it; nothing is written by this pass.
-                console.print("adopt: what taking the container over changes (check mode, nothing written yet):",
-                              markup=False)
-                summary = run_provision(
-                    hf, ["container"], check=True, diff=True, limit=limit, verbosity=verbose, console=console,
-                    secrets=secrets, extravars=extravars, vault_password_file=vault_password_file, source=path)
-                if summary.exit_code == 0:
-                    console.print("adopt: converging and marking it now", markup=False)
-                    summary = None
-            if summary is None:
-                summary = run_provision(
-                    hf, chosen, check=check, diff=diff or adopt, limit=limit, verbosity=verbose, console=console,
-                    secrets=secrets, extravars=extravars, vault_password_file=vault_password_file, source=path)
+            summary = run_provision(
+                hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
+                extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
+                vault_password_file=vault_password_file, source=path, adopt=adopt)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:

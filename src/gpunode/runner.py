@@ -238,15 +238,45 @@ def provision(
     extravars: dict[str, Any] | None = None,
     vault_password_file: Path | None = None,
     source: Path | None = None,
+    adopt: bool = False,
 ) -> RunSummary:
     """Run the selected stages of playbooks/provision.yml; return the recap from runner stats.
 
     ``secrets`` come from ``secret_files(hostfile)``, entered by the caller before anything is
-    written, so that a missing secret is bad input that changes nothing.
+    written, so that a missing secret is bad input that changes nothing. ``adopt`` lets the
+    container stage take over a container gpunode did not make, after showing the full diff from
+    a pass that writes nothing (the container stage in check and diff mode).
     """
+    console = console or Console(stderr=True)
+    common: dict[str, Any] = dict(limit=limit, verbosity=verbosity, console=console, secrets=secrets,
+                                  extravars={**(extravars or {}), "gpunode_adopt": adopt},
+                                  vault_password_file=vault_password_file, source=source)
+    if adopt and not check:
+        console.print("adopt: what taking the container over changes (check mode, nothing written yet):",
+                      markup=False)
+        preview = _run(hostfile, ["container"], check=True, diff=True, **common)
+        if preview.exit_code != 0:
+            return preview
+        console.print("adopt: converging and marking it now", markup=False)
+    return _run(hostfile, stages, check=check, diff=diff or adopt, **common)
+
+
+def _run(
+    hostfile: HostFile,
+    stages: list[str],
+    check: bool,
+    diff: bool,
+    limit: str | None,
+    verbosity: int,
+    console: Console,
+    secrets: inventory.SecretFiles | None,
+    extravars: dict[str, Any],
+    vault_password_file: Path | None,
+    source: Path | None,
+) -> RunSummary:
+    """One ansible-runner run of the selected stages."""
     import ansible_runner  # heavy: imported only when a run happens
 
-    console = console or Console(stderr=True)
     state = state_dir()
     private = state / "runner"
     (private / "inventory").mkdir(parents=True, exist_ok=True)
@@ -286,7 +316,7 @@ def provision(
                     ident=ident,
                     tags=",".join(stages),
                     limit=limit,
-                    extravars=extravars or {},
+                    extravars=extravars,
                     cmdline=" ".join(cmdline) or None,
                     verbosity=verbosity or None,
                     envvars={
