@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpunode import inventory
-from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE
+from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
 from gpunode.hostfile import HostFile
 from gpunode.paths import state_dir
 
@@ -90,18 +90,12 @@ def _message(report: Any) -> str:
     return " ".join(ours.split())
 
 
-def _field(text: str, name: str) -> str:
-    """One bytes field of testinfra's CommandResult repr (command=b'...', _stderr=b'...'), decoded."""
-    match = re.search(rf"{name}=b(['\"])(.*?)(?<!\\)\1(?:, |\))", text, re.S)
-    return match.group(2).encode().decode("unicode_escape", "replace") if match else ""
-
-
 def command_failure(text: str, width: int = 300) -> str:
     """testinfra's CommandResult repr (which may carry a whole script) as the command's first line,
     its exit status and the last lines of its stderr."""
-    command = _field(text, "command").strip()
+    command = result_field(text, "command").strip()
     status = re.search(r"exit_status=(-?\d+)", text)
-    stderr = " | ".join(line.strip() for line in _field(text, "_stderr").strip().splitlines()[-2:] if line.strip())
+    stderr = tail(result_field(text, "_stderr"))
     first = command.splitlines()[0] if command else "?"
     shown = first if len(first) <= 80 and "\n" not in command else first[:77] + "..."
     return (f"command `{shown}` failed (exit {status.group(1) if status else '?'}): "

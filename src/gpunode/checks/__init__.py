@@ -6,6 +6,7 @@ gpunode writes (every expectation travels in its host variables)::
     pytest src/gpunode/checks --hosts='ansible://all' --ansible-inventory=INVENTORY
 """
 
+import re
 from pathlib import Path
 
 CHECKS_DIR = Path(__file__).resolve().parent
@@ -14,3 +15,15 @@ LAYERS = ("host", "container", "inside", "image", "p2p", "server")
 # The skip reason the checks give for a host they cannot reach; gpunode check reports it once per
 # host, as checks not run.
 UNREACHABLE = "unreachable"
+
+
+def tail(text: str, lines: int = 2, width: int = 300) -> str:
+    """The last non-empty lines of an output, on one line."""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[:width]
+
+
+def result_field(text: str, name: str) -> str:
+    """One bytes field of testinfra's CommandResult repr (command=b'...', _stderr=b'...'), decoded;
+    testinfra puts that repr into the exceptions it raises."""
+    match = re.search(rf"{name}=b(['\"])(.*?)(?<!\\)\1(?:, |\))", text, re.S)
+    return match.group(2).encode().decode("unicode_escape", "replace") if match else ""

@@ -10,14 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpunode.checks import UNREACHABLE
+from gpunode.checks import UNREACHABLE, result_field, tail
 from gpunode.paths import MODULE_UTILS
 
 SSH_FAILED = 255  # ssh's own exit status: the connection failed, the command never ran
-
-
-def _stderr_tail(text: str, lines: int = 2) -> str:
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[:300]
 
 
 def _unreachable(host: Any) -> str | None:
@@ -28,12 +24,15 @@ def _unreachable(host: Any) -> str | None:
         # testinfra raises with its CommandResult's repr (the ssh backend) or the whole `ansible`
         # run (the ansible backend): the connection's own error is its stderr, or Ansible's "msg".
         text = str(exc)
-        said = re.search(r"_stderr=b(['\"])(.*)\1\)\s*$", text, re.S) or re.search(r'"msg":\s*"((?:[^"\\]|\\.)*)"', text)
+        stderr = result_field(text, "_stderr")
+        if stderr.strip():
+            return tail(stderr, 1)
+        said = re.search(r'"msg":\s*"((?:[^"\\]|\\.)*)"', text)
         if said:
-            return _stderr_tail(said.group(said.lastindex).encode().decode("unicode_escape"), 1)
-        return f"{type(exc).__name__}: {_stderr_tail(text.split('CommandResult(')[0]) or 'no detail'}"
+            return tail(said.group(1).encode().decode("unicode_escape"), 1)
+        return f"{type(exc).__name__}: {tail(text.split('CommandResult(')[0]) or 'no detail'}"
     if result.rc == SSH_FAILED or (result.rc != 0 and not result.stdout):
-        return _stderr_tail(result.stderr) or f"exit status {result.rc}"
+        return tail(result.stderr) or f"exit status {result.rc}"
     return None
 
 
@@ -90,7 +89,7 @@ def _remote_python(host: Any, module: str, call: str) -> Any:
     if result.rc != 0:
         # The command is gpunode's own facts script: name it, not its body.
         pytest.fail(f"reading facts on the host failed (python3 -c <gpunode {module}.{call.split('(')[0]}>, exit "
-                    f"{result.rc}): {_stderr_tail(result.stderr) or 'no error output'}")
+                    f"{result.rc}): {tail(result.stderr) or 'no error output'}")
     return json.loads(result.stdout)
 
 

@@ -40,7 +40,7 @@ def ownership(client: PveClient, node: str, vmid: int) -> Ownership:
     if lxc.owned(config):
         return Ownership(vmid, "gpunode", f"container {vmid} (hostname {config.get('hostname', '?')}) is gpunode's: "
                                           f"{lxc.first_line(config.get('description'))}")
-    return Ownership(vmid, "foreign", lxc.foreign_message(vmid, config, ct.status()).replace("nothing was changed; ", ""))
+    return Ownership(vmid, "foreign", lxc.foreign_message(vmid, config, ct.status(), refused=False))
 
 
 def inspect(host: Host) -> Ownership:

@@ -69,12 +69,14 @@ def first_line(text: Any, width: int = 80) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def foreign_message(vmid: int, config: Mapping[str, Any], status: Mapping[str, Any]) -> str:
-    """One line naming someone else's container and the ways out."""
+def foreign_message(vmid: int, config: Mapping[str, Any], status: Mapping[str, Any], refused: bool = True) -> str:
+    """One line naming someone else's container and the ways out (``refused``: a run that stopped
+    before writing says so; plan and check only report)."""
     description = first_line(config.get("description"))
     return (f"container {vmid} (hostname {config.get('hostname', '?')}, {status.get('status', 'status unknown')}, "
-            f"description {description!r}) was not made by gpunode (no '{OWNER_TAG}' tag): nothing was changed; "
-            f"fix container.vmid in the host file, or re-run with --adopt to take it over deliberately")
+            f"description {description!r}) was not made by gpunode (no '{OWNER_TAG}' tag): "
+            + ("nothing was changed; " if refused else "")
+            + "fix container.vmid in the host file, or re-run with --adopt to take it over deliberately")
 
 
 class NotOwned(PveError):
