@@ -373,3 +373,24 @@ def test_refused_connection_is_unreachable(fakepve_cafile: str) -> None:
         lxc.ensure(client, NODE, desired())
     # One login try plus the client's unreachable retries; ensure() did not start over.
     assert client.counts["POST"] == 1 + client.conn.unreachable_retries
+
+
+def test_dropped_write_is_decided_again_not_called_unreachable(fakepve: Any, conn: Connection) -> None:
+    """A connection dropped on a write (the API answered moments before) is not 'unreachable':
+    ensure() reads state again and carries on."""
+    import requests
+
+    c = client(conn)
+    real_once = c._once
+    dropped: list[str] = []
+
+    def once(method: str, path: str, params: dict[str, Any]) -> Any:
+        if method == "POST" and path == f"nodes/{NODE}/lxc" and not dropped:
+            dropped.append(path)
+            raise requests.ConnectionError("Connection aborted.")
+        return real_once(method, path, params)
+
+    c._once = once  # type: ignore[method-assign]
+    result = lxc.ensure(c, NODE, desired())
+    assert dropped and result.created and fakepve.ct(200).status == "running"
+    assert any(action.startswith("retrying after: POST nodes/pve1/lxc") for action in result.actions)

@@ -220,8 +220,12 @@ class PveClient:
                     self._api = None
                     continue
                 retryable = (status is None and not isinstance(exc, requests.exceptions.SSLError)) or (status or 0) >= 500
+                # A read that cannot connect is retried here and then final. A write is never
+                # resent here: a dropped one stays a retryable error, so ensure() reads state again
+                # and decides afresh (the host answered moments ago; it may have done the write).
                 error = (PveUnreachable(f"Proxmox API {self.conn.url} unreachable ({method} {path}): {message}")
-                         if _unreachable(exc) else PveError(f"{method} {path}: {message}", status, retryable))
+                         if _unreachable(exc) and method in READS else PveError(f"{method} {path}: {message}",
+                                                                                  status, retryable))
             limit = self.conn.unreachable_retries if isinstance(error, PveUnreachable) else self.conn.retries
             if not (error.retryable and method in READS and attempt < limit):
                 raise error
