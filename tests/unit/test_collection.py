@@ -26,7 +26,8 @@ def ansible(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str
 
 
 def test_every_module_is_there() -> None:
-    assert MODULES == ["gpu_host_findings", "gpunode_stage", "nvidia_device_facts", "nvidia_host_facts", "pve_lxc_gpu"]
+    assert MODULES == ["gpu_host_findings", "gpunode_stage", "nvidia_device_facts", "nvidia_driver_tree", "nvidia_host_facts",
+                       "pve_lxc_gpu"]
 
 
 @pytest.mark.parametrize("module", MODULES)
