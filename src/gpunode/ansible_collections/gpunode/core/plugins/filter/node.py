@@ -1,4 +1,4 @@
-"""Filters for the node stage; the logic lives in gpunode.node.userspace (plain, tested Python).
+"""Filters for the node stage; the logic lives in gpunode.node.userspace and gpunode.node.cdi (plain, tested Python).
 
 They run on the controller, with gpunode's own interpreter.
 """
@@ -11,10 +11,11 @@ from typing import Any
 from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
+    from gpunode.node.cdi import spec_json
     from gpunode.node.userspace import installed_versions, module_version, needs_install
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
-    installed_versions = module_version = needs_install = None  # type: ignore[assignment]
+    installed_versions = module_version = needs_install = spec_json = None  # type: ignore[assignment]
 else:
     IMPORT_ERROR = None
 
@@ -25,4 +26,6 @@ class FilterModule:
             "module_version": module_version,
             "userspace_versions": installed_versions,
             "userspace_needs_install": needs_install,
+            # (scan, tree, root='/usr/local/nvidia', gpus='all', mig=False) -> CDI spec JSON text
+            "cdi_spec": spec_json,
         }, IMPORT_ERROR)
