@@ -83,6 +83,7 @@ HOST_CONTAINER_PACKAGES = (*CONTAINER_PACKAGES, "initramfs-tools", "kmod")
 # Files recorded on a real H200 machine (/etc, /proc, /sys), unpacked into the host container here.
 LAB_HOST_FACTS_ROOT = "/var/lib/gpunode-lab-facts"
 HOST_FACTS_TARBALL = "tests/fixtures/host/h200/sysroot.tar.gz"  # relative to gpunode.paths.checkout_root()
+HOST_DRIVER_LAYOUT = "tests/fixtures/host/h200/driver"  # likewise: what labdriver lays out
 # package -> a file it installs (to find what the template failed to install)
 PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3",
                   "ca-certificates": "usr/sbin/update-ca-certificates", "sudo": "usr/bin/sudo",
@@ -121,6 +122,10 @@ PVE_PASSWORD_FILE = PVE_DIR / "password"
 PVE_PID_FILE = PVE_DIR / "fakepve.pid"
 PVE_LOG = PVE_DIR / "fakepve.log"
 PVE_GUESTS = PVE_DIR / "guests.json"
+# fakepve runs inside gpunode.labpve, which also realizes bind mount points (mpN) on the lab's LXC
+# containers; what it mounted is kept in PVE_MOUNTS.
+PVE_MODULE = "gpunode.labpve"
+PVE_MOUNTS = PVE_DIR / "mounts.json"
 LXC_PATH = LAB_DIR / "lxc"  # lxcpath: pass -P LXC_PATH to lxc-* commands
 LXC_CACHE = LAB_DIR / "cache"  # the lxc-debian template's debootstrap cache
 DOCKERD_LOG = LAB_DIR / "dockerd.log"
@@ -683,6 +688,21 @@ def _facts_tarball() -> Path:
     return checkout_root() / HOST_FACTS_TARBALL
 
 
+def _ensure_driver_layout(progress: Progress, ct: LabContainer) -> bool:
+    """The NVIDIA driver's files as recorded on the H200 (names, SONAME links, the real ld cache;
+    stand-in contents) under LAB_HOST_FACTS_ROOT, where the host stage builds its driver tree from."""
+    from gpunode import labdriver
+    from gpunode.paths import checkout_root
+
+    fixture = checkout_root() / HOST_DRIVER_LAYOUT
+    if not (fixture / "layout.json").is_file():
+        raise LabError(f"the recorded driver layout {fixture} is missing: check out the whole repository "
+                       "(tests/fixtures/host/h200/driver/) or set GPUNODE_HOME to it")
+    changed = labdriver.lay_out(fixture, ct.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/"))
+    progress(f"facts: driver layout in {LAB_HOST_FACTS_ROOT} in {ct.name} {'written' if changed else 'in place'}")
+    return changed
+
+
 def _ensure_host_facts(progress: Progress, ct: LabContainer) -> bool:
     """Unpack the recorded H200 host files into ct's rootfs at LAB_HOST_FACTS_ROOT (without the
     tarball's top folder `sysroot/`); redone only when the tarball's sha256 changed."""
@@ -816,6 +836,7 @@ def _ensure_container(progress: Progress, ct: LabContainer, uvm: int) -> bool:
     changed |= config_changed or rootfs_changed
     if ct.facts:
         changed |= _ensure_host_facts(progress, ct)
+        changed |= _ensure_driver_layout(progress, ct)
     started = False
     if state == "RUNNING" and (config_changed or rootfs_changed and not _ssh_works(ct)):
         _stop_container(progress, ct)
@@ -907,14 +928,19 @@ def _ensure_pve(progress: Progress) -> bool:
     changed |= _write_if_changed(PVE_CA, PVE_CERT.read_bytes(), 0o644)
     pid = _read_pid(PVE_PID_FILE)
     running = pid is not None and _pid_alive(pid, "fakepve")
-    if running and not changed and _pve_answers():
+    # A lab made before gpunode.labpve runs plain `python -m fakepve`: that one is replaced.
+    current = running and pid is not None and _pid_alive(pid, PVE_MODULE)
+    if current and not changed and _pve_answers():
         progress(f"fakepve: answering on {PVE_URL}")
         return False
     if running:
         _stop_pve()
     progress(f"fakepve: starting on {PVE_URL} (log {PVE_LOG})")
-    cmd = [sys.executable, "-m", "fakepve", str(PVE_GUESTS), "--host", PVE_HOST, "--port", str(PVE_PORT),
-           "--user", PVE_USER, "--time-scale", "0", "--cert", str(PVE_CERT), "--key", str(PVE_KEY)]
+    # The command line names fakepve (its certificate, PVE_CERT): _stop_pve finds the process by
+    # that word.
+    cmd = [sys.executable, "-m", PVE_MODULE, str(PVE_GUESTS), "--host", PVE_HOST, "--port", str(PVE_PORT),
+           "--user", PVE_USER, "--time-scale", "0", "--cert", str(PVE_CERT), "--key", str(PVE_KEY),
+           "--lxcpath", str(LXC_PATH), "--host-rootfs", str(HOST_ROOTFS), "--state", str(PVE_MOUNTS)]
     env = dict(os.environ, PVE_PASS=_pve_password())
     env.pop("PVE_USER", None)
     with open(PVE_LOG, "ab") as log:
