@@ -86,3 +86,20 @@ def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> I
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_file(ssh: Ssh, path: str, timeout_s: float = 20.0) -> str | None:
+    """A file on the node (the node stage's records and CDI spec), or None when it is absent."""
+    if ssh.connection == "local":
+        try:
+            return Path(path).read_text()
+        except FileNotFoundError:
+            return None
+    proc = subprocess.run(ssh_base(ssh) + ["cat", "--", path], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout_s)
+    if proc.returncode == 0:
+        return proc.stdout
+    if "No such file" in proc.stderr:
+        return None
+    raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address} could not read {path}: "
+                            f"{proc.stderr.strip() or f'exit {proc.returncode}'}")

@@ -188,9 +188,11 @@ class Container(Strict):
     network: Network = Network()
     gpus: Literal["all"] | list[Annotated[int, Field(ge=0, le=255)]] = "all"
     mig: bool = False
-    # How Docker containers on the node get the GPUs: the NVIDIA runtime (nvidia-container-toolkit)
-    # or the device nodes handed in one by one (the lab, which has no driver to inject).
-    gpu_handoff: Literal["nvidia-runtime", "devices"] = "nvidia-runtime"
+    # How the container and Docker get the driver: host-driver shares the host's own user space
+    # (a read-only tree at /usr/local/nvidia, then a CDI spec or the same list by hand: nothing
+    # from NVIDIA to download, nothing that can drift from the kernel module); nvidia-runtime
+    # installs NVIDIA's user space (.run) and nvidia-container-toolkit in the container instead.
+    gpu_handoff: Literal["host-driver", "nvidia-runtime"] = "host-driver"
     ssh: Ssh | None = None
     ssh_public_keys: Path | None = None
 

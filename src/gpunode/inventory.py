@@ -107,6 +107,7 @@ def _host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
         "gpunode_container": container_config(host.container, host.name, with_devices=False),
         "gpunode_container_gpus": host.container.gpus,
         "gpunode_container_mig": host.container.mig,
+        "gpunode_driver_mount": host.container.gpu_handoff == "host-driver",
         "gpunode_driver_version": host.driver.version,
         "gpunode_prepare": host.prepare.model_dump(),
         "gpunode_node": node_name(host),

@@ -72,19 +72,26 @@ def build_base(client: docker.DockerClient) -> None:
             raise RuntimeError("tar of the debootstrap rootfs failed")
 
 
+# PATH and LD_LIBRARY_PATH as the real image sets them (images/sglang/Dockerfile.j2): the host's
+# driver arrives at /usr/local/nvidia.
+DOCKERFILE = (f"FROM {BASE_TAG}\nCOPY fakes/ {IN_IMAGE}/\n"
+              f"ENV PYTHONUNBUFFERED=1 PYTHONPATH={IN_IMAGE}/shim "
+              "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin "
+              "LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n")
+
+
 def fake_tag() -> str:
     """The stand-in's tag: a hash of the fake's files in a checkout, else what the lab built."""
     if not FAKES.is_dir():
         return STAND_IN_RECORD.read_text().strip() if STAND_IN_RECORD.is_file() else NOT_BUILT
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(DOCKERFILE.encode())
     for name in FAKE_FILES:
         digest.update(name.encode() + b"\0" + (FAKES / name).read_bytes())
     return f"{FAKE_REPO}:{digest.hexdigest()[:12]}"
 
 
 def _build_context() -> io.BytesIO:
-    dockerfile = (f"FROM {BASE_TAG}\nCOPY fakes/ {IN_IMAGE}/\n"
-                  f"ENV PYTHONUNBUFFERED=1 PYTHONPATH={IN_IMAGE}/shim\n").encode()
+    dockerfile = DOCKERFILE.encode()
     files = [("Dockerfile", dockerfile)] + [(f"fakes/{name}", (FAKES / name).read_bytes()) for name in FAKE_FILES]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -99,10 +99,40 @@ def host_changes(host: Host) -> list[str]:
         changes.append("nvidia-persistenced enabled and running")
     changes.append("NVIDIA device nodes created at boot (nvidia-modprobe -u -c=0)")
     changes.append(f"NVIDIA driver {host.driver.version} (open kernel module) installed if missing")
+    if host.container.gpu_handoff == "host-driver":
+        changes.append(f"the loaded driver's user space as a tree in {DRIVER_TREE_ROOT}/<version> (one per version; "
+                       "the container stage removes those no container mounts)")
     if prep.allow_module_reload:
         changes.append("nvidia_uvm reloaded when its options change")
     changes.append("reboot when needed" if prep.allow_reboot else "never reboots: reports 'reboot needed' instead")
     return changes
+
+
+DRIVER_TREE_ROOT = "/var/lib/gpunode/nvidia"
+
+
+def handoff(host: Host) -> dict[str, Any]:
+    """Which GPU and driver hand-off, why, and what each layer holds (host -> container -> Docker)."""
+    version = host.driver.version
+    if host.container.gpu_handoff == "nvidia-runtime":
+        return {"kind": "nvidia-runtime",
+                "why": "container.gpu_handoff picks it: NVIDIA's user space (.run, --no-kernel-module) and "
+                       "nvidia-container-toolkit from NVIDIA's repository inside the container; must be redone "
+                       "after every host driver update",
+                "layers": [f"host: NVIDIA driver {version} (kernel module and user space)",
+                           f"container: devN nodes + NVIDIA's user space {version} installed from its .run",
+                           "Docker: the nvidia runtime (--gpus), no-cgroups = true for LXC"]}
+    tree = f"{DRIVER_TREE_ROOT}/{version}"
+    return {"kind": "host-driver",
+            "why": "default: the host's own user space, shared read-only down the chain; nothing to download from "
+                   "NVIDIA and nothing that can drift from the kernel module",
+            "mount": f"{tree},mp=/usr/local/nvidia,ro=1",
+            "layers": [f"host: NVIDIA driver {version}; its user space under its SONAMEs in {tree}/{{lib64,bin}} "
+                       "(hard links, built by the host stage)",
+                       "container: devN nodes + that tree read-only at /usr/local/nvidia (an mpN mount point), "
+                       "lib64 on the loader's path; nothing installed",
+                       "Docker: /etc/cdi/gpunode.json (nodes + each file read-only) through CDI on Docker 25+, "
+                       "else the same list as --device and read-only mounts (Debian 12's Docker 20.10)"]}
 
 
 def image_tag(image: Image) -> str:
@@ -149,6 +179,7 @@ class HostPlan:
     host_changes: list[str]
     container: dict[str, Any]
     dev_rules: list[dict[str, str]]
+    handoff: dict[str, Any]
     image: dict[str, Any]
     server: dict[str, Any]
     stages: list[dict[str, Any]] = field(default_factory=list)
@@ -190,6 +221,7 @@ def plan_host(host: Host) -> HostPlan:
         host_changes=host_changes(host),
         container=container_config(host.container, host.name),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
+        handoff=handoff(host),
         image={"tag": image_tag(host.image), "base": host.image.base, "build_on": host.image.build_on,
                "pins": host.image.pins.model_dump(), "server_image": server_image(host),
                "lab_stand_in": host.image.lab_stand_in},

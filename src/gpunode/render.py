@@ -34,6 +34,13 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         for rule in conditional:
             console.print(f"  [dim]{rule['key']} applies {rule['when']}[/dim]")
 
+        if "mount" in plan.handoff:
+            console.print(f"  mpN: {plan.handoff['mount']}  [dim]# the lowest free mpN; the driver version is the "
+                          "loaded one[/dim]")
+        console.print(f"\n[bold]GPU and driver hand-off[/bold]: {plan.handoff['kind']} ({plan.handoff['why']})")
+        for layer in plan.handoff["layers"]:
+            console.print(f"  - {escape(layer)}")
+
         console.print("\n[bold]Image[/bold]")
         console.print(f"  tag: {plan.image['tag']} (base {plan.image['base']}, built on {plan.image['build_on']})")
         console.print("  pins: " + ", ".join(f"{k} {v}" for k, v in plan.image["pins"].items()))

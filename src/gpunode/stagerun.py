@@ -35,16 +35,19 @@ def _console(buffer: io.StringIO) -> Console:
     return Console(file=buffer, width=160, highlight=False, soft_wrap=True, color_system=None)
 
 
-def _handoff(host: Host) -> Any:
-    from gpunode.serve.spec import GpuHandoff
+def _handoff(host: Host, client: Any) -> Any:
+    """The hand-off the node stage set up: its CDI spec (through Docker's CDI, or read from the
+    node and given as explicit devices and mounts), or NVIDIA's runtime."""
+    from gpunode.engine import read_file
+    from gpunode.serve import docker_run
 
-    gpus = host.container.gpus
-    if host.container.gpu_handoff == "nvidia-runtime":
-        return GpuHandoff.runtime(gpus)
-    minors = gpus if gpus != "all" else []
-    # The node stage proved these nodes exist in the container with the right numbers.
-    paths = [f"/dev/nvidia{m}" for m in minors] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    return GpuHandoff.device_nodes(paths)
+    info = client.info()
+    spec = None
+    if host.container.gpu_handoff == "host-driver" and not docker_run.cdi_enabled(info):
+        text = read_file(host.container.reach, docker_run.CDI_SPEC_FILE)
+        spec = json.loads(text) if text else None
+    return docker_run.choose_gpu_handoff(info, host.container.gpus, local=False,
+                                         configured=host.container.gpu_handoff, cdi_spec=spec)
 
 
 def _image_record(tag: str, image_id: str | None, verified: bool | None, failed: list[str], note: str = "") -> dict[str, Any]:
@@ -132,7 +135,7 @@ def p2p(host: Host, fw: Forward, check_mode: bool) -> StageResult:
            "NVSHMEM_DISABLE_NVLS": "1"}
     container = client.containers.create(plan.image_tag(host.image), command=command, environment=env,
                                          ipc_mode="host", labels={"io.gpunode.role": "p2p-check"},
-                                         **_handoff(host).docker_kwargs())
+                                         **_handoff(host, client).run_kwargs())
     try:
         _mkdir(container)
         container.put_archive("/opt/gpunode-src", _p2p_archive())
@@ -177,6 +180,7 @@ def _mkdir(container: Any) -> bool:
 
 def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) -> StageResult:
     from gpunode.serve.command import run_serve
+    from gpunode.serve.docker_run import ServeError
 
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
@@ -187,8 +191,12 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
         if memlock != -1:
             notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
                          "a real node gives the server unlimited")
+    try:
+        handoff = _handoff(host, docker_client(fw.docker_url))
+    except ServeError as exc:
+        return StageResult(failed=True, summary=[f"serve: {exc}"])
     outcome = run_serve(host, plan.server_image(host), fw.docker_url, _console(buffer), timeout_s,
-                        gpu_handoff=_handoff(host), memlock_bytes=memlock, engine_is_local=False)
+                        gpu_handoff=handoff, memlock_bytes=memlock, engine_is_local=False)
     action = outcome.start.action if outcome.start else "none"
     lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
     return StageResult(changed=action in ("started", "created", "replaced"), failed=outcome.exit_code != 0,

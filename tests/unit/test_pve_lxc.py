@@ -394,3 +394,57 @@ def test_dropped_write_is_decided_again_not_called_unreachable(fakepve: Any, con
     result = lxc.ensure(c, NODE, desired())
     assert dropped and result.created and fakepve.ct(200).status == "running"
     assert any(action.startswith("retrying after: POST nodes/pve1/lxc") for action in result.actions)
+
+
+TREE_V1 = "/var/lib/gpunode/nvidia/580.159.04"
+TREE_V2 = "/var/lib/gpunode/nvidia/580.172.08"
+
+
+def driver(tree: str) -> dict[str, str]:
+    return {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(tree, lxc.DRIVER_MOUNT_POINT)}
+
+
+def test_driver_mount_is_hot_plugged_then_left_alone(fakepve: Any, conn: Connection) -> None:
+    lxc.ensure(client(conn), NODE, desired())
+    added = lxc.ensure(client(conn), NODE, desired(), mounts=driver(TREE_V1))
+    # pve-container hot-plugs a new mount point into a running container: no restart needed.
+    assert added.changed and not added.restart_needed and not added.pending
+    assert props(fakepve.ct(200).config["mp0"]) == {"_": TREE_V1, "mp": "/usr/local/nvidia", "ro": "1"}
+    again = client(conn)
+    assert not lxc.ensure(again, NODE, desired(), mounts=driver(TREE_V1)).changed and again.writes == 0
+    assert lxc.mounted_sources(client(conn), NODE, "/var/lib/gpunode/nvidia") == [TREE_V1]
+
+
+def props(value: str) -> dict[str, str]:
+    return lxc.props(value)
+
+
+def test_new_driver_tree_waits_for_a_restart_and_both_trees_stay_in_use(fakepve: Any, conn: Connection) -> None:
+    lxc.ensure(client(conn), NODE, desired(), mounts=driver(TREE_V1))
+    checked = lxc.ensure(client(conn), NODE, desired(), mounts=driver(TREE_V2), check_mode=True)
+    assert checked.changed and checked.pending == ["mp0"]
+    moved = lxc.ensure(client(conn), NODE, desired(), mounts=driver(TREE_V2))
+    assert moved.restart_needed and moved.pending == ["mp0"]
+    assert "mount point" in moved.warnings[0] and "--restart-container" in moved.warnings[0]
+    # Until the restart the container still mounts the old tree: neither may be removed.
+    assert lxc.mounted_sources(client(conn), NODE, "/var/lib/gpunode/nvidia") == [TREE_V1, TREE_V2]
+    restarted = lxc.ensure(client(conn), NODE, desired(), mounts=driver(TREE_V2), allow_restart=True)
+    assert restarted.restarted and not restarted.pending
+    assert lxc.mounted_sources(client(conn), NODE, "/var/lib/gpunode/nvidia") == [TREE_V2]
+
+
+def test_operators_mount_points_keep_their_keys(fakepve: Any, conn: Connection) -> None:
+    lxc.ensure(client(conn), NODE, {**desired(), "mp0": "/srv/datasets,mp=/data"})
+    lxc.ensure(client(conn), NODE, {**desired(), "mp0": "/srv/datasets,mp=/data"}, mounts=driver(TREE_V1))
+    config = fakepve.ct(200).config
+    assert props(config["mp0"])["mp"] == "/data" and props(config["mp1"])["_"] == TREE_V1
+    assert lxc.place_mounts(config, driver(TREE_V2)) == {"mp1": lxc.bind_mount(TREE_V2, "/usr/local/nvidia")}
+
+
+def test_token_is_refused_for_a_bind_mount(fakepve: Any, fakepve_cafile: str) -> None:
+    token = Connection(url=fakepve.url, node=NODE, method="token", token_id="root@pam!ci", token_secret="x",
+                       ca_file=fakepve_cafile)
+    plain = {k: v for k, v in desired().items() if not lxc.DEV_KEY.match(k)}
+    with pytest.raises(PveError, match="bind mount points"):
+        lxc.ensure(PveClient(token, sleep=lambda _: None), NODE, plain, mounts=driver(TREE_V1))
+    assert not server_writes(fakepve)

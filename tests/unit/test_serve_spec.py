@@ -124,14 +124,64 @@ def make_nodes(root: Path, names: list[str]) -> None:
         path.write_text("")
 
 
-def test_gpu_handoff_prefers_the_nvidia_runtime(tmp_path: Path) -> None:
+def test_gpu_handoff_nvidia_runtime_only_when_the_host_file_picks_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_run.shutil, "which", lambda _name: None)
     info = {"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}}
-    assert docker_run.choose_gpu_handoff(info, [0, 1], local=True, dev_root=tmp_path).kind == "runtime"
-    assert docker_run.choose_gpu_handoff(info, "all", local=False).device_ids == ()
+    picked = docker_run.choose_gpu_handoff(info, [0, 1], local=True, configured="nvidia-runtime", dev_root=tmp_path)
+    assert picked.kind == "runtime" and picked.device_ids == ("0", "1")
+    assert docker_run.choose_gpu_handoff(info, "all", local=False, configured="nvidia-runtime").device_ids == ()
+    with pytest.raises(docker_run.ServeError, match="nvidia-container-toolkit"):
+        docker_run.choose_gpu_handoff({"Runtimes": {"runc": {}}}, "all", local=False, configured="nvidia-runtime")
+    # host-driver never takes NVIDIA's runtime, even where Docker has it.
+    assert docker_run.choose_gpu_handoff({**info, "CDISpecDirs": ["/etc/cdi"]}, "all", local=False).kind == "cdi"
+
+
+CDI_SPEC = {"cdiVersion": "0.5.0", "kind": "gpunode.io/gpu",
+            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
+                        {"name": "1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}},
+                        {"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"},
+                                                                           {"path": "/dev/nvidia1"}]}}],
+            "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}],
+                               "mounts": [{"hostPath": "/usr/local/nvidia/lib64/libcuda.so.1",
+                                           "containerPath": "/usr/local/nvidia/lib64/libcuda.so.1",
+                                           "options": ["ro", "nosuid", "nodev", "bind"]},
+                                          {"hostPath": "/usr/local/nvidia/bin/nvidia-smi",
+                                           "containerPath": "/usr/local/nvidia/bin/nvidia-smi",
+                                           "options": ["ro", "nosuid", "nodev", "bind"]}]}}
+
+
+def test_gpu_handoff_through_docker_cdi_names_the_spec_devices() -> None:
+    picked = docker_run.choose_gpu_handoff({"CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, [1], local=False)
+    (request,) = picked.docker_kwargs()["device_requests"]
+    assert request["Driver"] == "cdi" and request["DeviceIDs"] == ["gpunode.io/gpu=1"]
+    assert specs.GpuHandoff.cdi("all").device_ids == ("gpunode.io/gpu=all",)
+    assert picked.mounts() == []
+
+
+def test_gpu_handoff_without_docker_cdi_is_the_same_list_by_hand() -> None:
+    picked = docker_run.choose_gpu_handoff({"CDISpecDirs": None}, [1], local=False, cdi_spec=CDI_SPEC)
+    assert picked.kind == "devices"
+    assert picked.docker_kwargs() == {"devices": ["/dev/nvidia1:/dev/nvidia1:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm",
+                                                  "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm"]}
+    mounts = picked.run_kwargs()["mounts"]
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in mounts] == [
+        ("/usr/local/nvidia/lib64/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", True),
+        ("/usr/local/nvidia/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi", True)]
+    every = docker_run.choose_gpu_handoff({}, "all", local=False, cdi_spec=CDI_SPEC)
+    assert [inside for _o, inside in every.nodes][:2] == ["/dev/nvidia0", "/dev/nvidia1"]
+    spec = specs.container_spec(image=IMAGE, argv=["python3"], env={}, model_dir="/m", bind="127.0.0.1", port=1,
+                                gpus=picked)
+    assert [m["Target"] for m in spec["mounts"]] == ["/model", "/usr/local/nvidia/lib64/libcuda.so.1",
+                                                    "/usr/local/nvidia/bin/nvidia-smi"]
+    with pytest.raises(docker_run.ServeError, match="no device 5"):
+        docker_run.choose_gpu_handoff({}, [5], local=False, cdi_spec=CDI_SPEC)
+    with pytest.raises(docker_run.ServeError, match="no CDI spec"):
+        docker_run.choose_gpu_handoff({}, "all", local=False)
 
 
 def test_gpu_handoff_falls_back_to_device_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_run.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(docker_run, "CDI_SPEC_FILE", str(tmp_path / "no-such-spec.json"))
     make_nodes(tmp_path, ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"])
     handoff = docker_run.choose_gpu_handoff({"Runtimes": {"runc": {}}}, [0, 2], local=True, dev_root=tmp_path)
     assert [inside for _outside, inside in handoff.nodes] == [
@@ -140,5 +190,3 @@ def test_gpu_handoff_falls_back_to_device_nodes(tmp_path: Path, monkeypatch: pyt
     assert sum(inside[len("/dev/nvidia"):].isdigit() for _o, inside in every.nodes) == 3
     with pytest.raises(docker_run.ServeError, match="nvidia5"):
         docker_run.choose_gpu_handoff({}, [5], local=True, dev_root=tmp_path)
-    with pytest.raises(docker_run.ServeError, match="nvidia-container-toolkit"):
-        docker_run.choose_gpu_handoff({}, "all", local=False)

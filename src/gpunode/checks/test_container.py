@@ -13,6 +13,8 @@ import pytest
 from gpunode.pve import lxc
 from gpunode.pve.client import Connection, PveClient
 
+DRIVER_TREE_ROOT = "/var/lib/gpunode/nvidia"
+
 
 @pytest.fixture
 def api(pve_host: Any, hostvars: dict[str, Any]) -> PveClient:
@@ -60,13 +62,26 @@ def test_container_is_gpunodes(pve_host: Any, api: PveClient, hostvars: dict[str
     assert lxc.owned(config), lxc.foreign_message(ct.vmid, config, ct.status(), refused=False)
 
 
-@pytest.mark.parametrize("group", ["devices", "settings"])
+def _group(key: str) -> str:
+    return "devices" if lxc.DEV_KEY.match(key) else "driver mount" if lxc.MP_KEY.match(key) else "settings"
+
+
+@pytest.mark.parametrize("group", ["devices", "driver mount", "settings"])
 def test_container_config_matches(group: str, pve_host: Any, api: PveClient, hostvars: dict[str, Any],
-                                  desired: dict[str, Any]) -> None:
+                                  desired: dict[str, Any], host_facts: dict[str, Any]) -> None:
     ct = _converger(api, hostvars)
     if not ct.exists():
         pytest.fail("container missing: run `gpunode provision --tags container`")
-    changes = [c for c in lxc.compare(ct.config(), desired) if bool(lxc.DEV_KEY.match(c.key)) == (group == "devices")]
+    live = ct.config()
+    if group == "driver mount":
+        if not hostvars.get("gpunode_driver_mount"):
+            pytest.skip("nvidia-runtime hand-off: no driver mount point")
+        version = host_facts["driver"]["version"]
+        if not version:
+            pytest.fail("no NVIDIA module loaded on the host: there is no driver tree to mount")
+        tree = f"{DRIVER_TREE_ROOT}/{version}"
+        desired = {**desired, **lxc.place_mounts(live, {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(tree, lxc.DRIVER_MOUNT_POINT)})}
+    changes = [c for c in lxc.compare(live, desired) if _group(c.key) == group]
     assert not changes, "differs from the host file: " + "; ".join(
         f"{c.key}: live {c.before!r}, want {c.after!r}" for c in changes) + \
         " -> run `gpunode provision --tags container` (devN changes need --restart-container)"

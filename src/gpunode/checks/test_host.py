@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpunode.checks.conftest import _remote_python
 from gpunode.host.findings import Expectations, evaluate
 
 FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes")
@@ -61,3 +62,15 @@ def test_no_nvidia_ids_left_for_vfio(pve_host: Any, host_facts: dict[str, Any]) 
     leftovers = [f"{item['file']}: {item['line']}" for item in host_facts["modprobe"] if "10de:" in item["line"]
                  and "vfio" in item["line"]]
     assert not leftovers, f"NVIDIA GPUs still handed to vfio-pci by {leftovers}: run `gpunode provision --tags host`, then reboot"
+
+
+def test_driver_tree_built_for_the_loaded_driver(pve_host: Any, hostvars: dict[str, Any]) -> None:
+    if not hostvars.get("gpunode_driver_mount"):
+        pytest.skip("nvidia-runtime hand-off: the container installs its own user space")
+    survey = _remote_python(pve_host, "driver_tree", f"survey({hostvars['gpunode_facts_root']!r})")
+    if not survey["version"]:
+        pytest.fail("no NVIDIA module loaded on the host: there is no user space to share")
+    assert not survey["changes"], \
+        f"the tree of the loaded driver {survey['version']} ({survey['path']}) is missing or out of date " \
+        f"({len(survey['changes'])} files differ, e.g. {survey['changes'][0]}; trees here: " \
+        f"{', '.join(survey['trees']) or 'none'}) -> run `gpunode provision --tags host`"

@@ -13,6 +13,7 @@ from gpunode.node.userspace import installed_versions, module_version
 
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 FIX_CONTAINER = "run `gpunode provision --tags container` (devN changes need --restart-container)"
+FIX_NODE = "run `gpunode provision --tags node`"
 
 
 def test_debian_12_with_systemd(gpu_node: Any) -> None:
@@ -51,13 +52,30 @@ def test_docker_running(gpu_node: Any) -> None:
         f"Docker is not running; last journal lines: {unit_log_tail(gpu_node, 'docker')} -> run `gpunode provision --tags node`"
 
 
+DRIVER_MOUNT = "/usr/local/nvidia"
+CDI_SPEC = "/etc/cdi/gpunode.json"
+FIX_RESTART = "restart the container so it mounts the host's current tree: `gpunode provision --restart-container`"
+
+
+def _handoff_args(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> str:
+    """docker run arguments as the node stage and serve hand the GPUs over."""
+    if hostvars["gpunode_gpu_handoff"] == "nvidia-runtime":
+        return "--runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=all"
+    spec = gpu_node.file(CDI_SPEC)
+    if not spec.exists:
+        pytest.fail(f"{CDI_SPEC} missing: the node stage writes it from the host's driver tree -> {FIX_NODE}")
+    from gpunode.serve.docker_run import from_cdi_spec
+
+    handoff = from_cdi_spec(json.loads(spec.content_string), hostvars["gpunode_node_gpus"])
+    return " ".join([f"--device={outside}" for outside, _inside in handoff.nodes]
+                    + [f"--volume={outside}:{inside}:ro" for outside, inside in handoff.binds]
+                    + [f"-e LD_LIBRARY_PATH={DRIVER_MOUNT}/lib64"])
+
+
 def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> None:
     if not gpu_node.service("docker").is_running:
         pytest.fail("Docker is not running: run `gpunode provision --tags node`")
-    if hostvars["gpunode_gpu_handoff"] == "nvidia-runtime":
-        args = "--runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=all"
-    else:
-        args = " ".join(f"--device={p}" for p, e in node_devices["devices"].items() if e["char"])
+    args = _handoff_args(gpu_node, hostvars, node_devices)
     script = ("import os, json; print(json.dumps({'/dev/' + n: [os.major(os.stat('/dev/' + n).st_rdev), "
               "os.minor(os.stat('/dev/' + n).st_rdev)] for n in os.listdir('/dev') if n.startswith('nvidia')}))")
     result = gpu_node.run(f"docker run --rm {args} gpunode/probe:bookworm-1 python3 -c \"{script}\"")
@@ -68,14 +86,46 @@ def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_dev
     assert seen == want, f"a container sees {seen}, the LXC has {want} -> run `gpunode provision --tags node`"
 
 
+def _tree(gpu_node: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
+    if hostvars["gpunode_gpu_handoff"] != "host-driver":
+        pytest.skip("nvidia-runtime hand-off: the user space is installed in the container, not mounted")
+    manifest = gpu_node.file(f"{DRIVER_MOUNT}/gpunode-tree.json")
+    if not manifest.exists:
+        pytest.fail(f"{DRIVER_MOUNT} holds no driver tree: the container stage mounts the host's tree there -> "
+                    "run `gpunode provision --tags host,container` (a changed mount point needs --restart-container)")
+    return dict(json.loads(manifest.content_string))
+
+
+def test_driver_tree_is_the_host_modules(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    tree = _tree(gpu_node, hostvars)
+    banner = gpu_node.file("/proc/driver/nvidia/version")
+    module = module_version(banner.content_string) if banner.exists else ""
+    if not module and not hostvars.get("gpunode_lab"):
+        pytest.fail("no NVIDIA kernel module visible: load the driver on the host (`gpunode provision --tags host`)")
+    host = module or hostvars["gpunode_driver_version"]  # the lab has no module: the pin stands in
+    assert tree["version"] == host, \
+        f"{DRIVER_MOUNT} holds user space {tree['version']}, the host's module is {host} (a stale mount after a " \
+        f"host driver upgrade) -> {FIX_RESTART}"
+
+
+def test_server_containers_find_libcuda_and_nvidia_smi(gpu_node: Any, hostvars: dict[str, Any],
+                                                       node_devices: dict[str, Any]) -> None:
+    _tree(gpu_node, hostvars)
+    args = _handoff_args(gpu_node, hostvars, node_devices)
+    result = gpu_node.run(f"docker run --rm {args} gpunode/probe:bookworm-1 sh -c "
+                          f"'test -f {DRIVER_MOUNT}/lib64/libcuda.so.1 && {DRIVER_MOUNT}/bin/nvidia-smi'")
+    assert result.rc == 0 and "Driver Version" in result.stdout, \
+        f"a container with the hand-off cannot find libcuda.so.1 or run nvidia-smi from {DRIVER_MOUNT} " \
+        f"(exit {result.rc}: {(result.stderr or result.stdout).strip()[-300:]}) -> {FIX_NODE}"
+
+
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 NO_CGROUPS = re.compile(r"^\s*no-cgroups\s*=\s*true\s*(#.*)?$", re.MULTILINE)
-FIX_NODE = "run `gpunode provision --tags node`"
 
 
 def _toolkit_node(gpu_node: Any, hostvars: dict[str, Any]) -> Any:
     if hostvars["gpunode_gpu_handoff"] != "nvidia-runtime":
-        pytest.skip("devices hand-off: the NVIDIA container toolkit is not used on this node")
+        pytest.skip("host-driver hand-off: the NVIDIA container toolkit is not used on this node")
     return gpu_node
 
 
@@ -94,6 +144,8 @@ def test_docker_knows_the_nvidia_runtime(gpu_node: Any, hostvars: dict[str, Any]
 
 
 def test_userspace_matches_host_module(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    if hostvars["gpunode_gpu_handoff"] != "nvidia-runtime":
+        pytest.skip("host-driver hand-off: no user space is installed in the container (see the driver tree checks)")
     banner = gpu_node.file("/proc/driver/nvidia/version")
     if not banner.exists:
         if hostvars.get("gpunode_lab"):

@@ -18,12 +18,16 @@ from typing import Any
 from gpunode.pve.client import PveClient, PveError, PveUnreachable, TaskFailed
 
 DEV_KEY = re.compile(r"^dev\d+$")
+MP_KEY = re.compile(r"^mp\d+$")
+DRIVER_MOUNT_POINT = "/usr/local/nvidia"  # where the host's NVIDIA user space appears in the container
+MAX_MP = 256  # mp0..mp255 (pve-container's MAX_MOUNT_POINTS)
 # Written only at creation (Proxmox keeps no record of them in the config).
 CREATE_ONLY = ("ostemplate", "ssh-public-keys", "vmid")
 # Can only change by re-creating the container.
 IMMUTABLE = ("unprivileged",)
 TOKEN_REFUSED = (
-    "devN device passthrough (and features on a privileged container) is root@pam only, and an API token "
+    "devN device passthrough, bind mount points (and features on a privileged container) are root@pam only, "
+    "and an API token "
     "is refused even for root (API tokens are always a subset of their user): use auth.method password "
     "(a root@pam ticket) or auth.method local (pvesh on the Proxmox host)"
 )
@@ -129,7 +133,7 @@ def _same(key: str, live: str | None, want: str | None) -> bool:
         # Proxmox adds hwaddr and type; only what the host file sets is compared.
         a, b = props(live), props(want)
         return all(a.get(k) == v for k, v in b.items())
-    if key == "features" or DEV_KEY.match(key):
+    if key == "features" or DEV_KEY.match(key) or MP_KEY.match(key):
         return props(live) == props(want)
     if key == "tags":
         return set(tag_list(want)) <= set(tag_list(live))
@@ -181,6 +185,40 @@ def compare(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Change]
         if DEV_KEY.match(key) and key not in desired:
             changes.append(Change(key, str(live[key]), None, "delete"))
     return changes
+
+
+def bind_mount(source: str, target: str, read_only: bool = True) -> str:
+    """An mpN value for a host directory bind-mounted into the container."""
+    return f"{source},mp={target}" + (",ro=1" if read_only else "")
+
+
+def place_mounts(live: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, str]:
+    """mpN keys for bind mounts given by target path: the key that already mounts that target,
+    else the lowest free one; the operator's other mount points keep their keys."""
+    placed: dict[str, str] = {}
+    taken = {key for key in live if MP_KEY.match(key)}
+    for target, value in sorted(mounts.items()):
+        key = next((k for k in sorted(taken, key=lambda k: int(k[2:])) if props(str(live[k])).get("mp") == target), None)
+        if key is None:
+            key = next(f"mp{n}" for n in range(MAX_MP) if f"mp{n}" not in taken and f"mp{n}" not in placed)
+        placed[key] = value
+    return placed
+
+
+def mounted_sources(client: PveClient, node: str, under: str) -> list[str]:
+    """Bind-mount sources below ``under`` that any container on the node mounts, live or pending
+    (what must not be removed from the host yet)."""
+    prefix = under.rstrip("/") + "/"
+    found: set[str] = set()
+    for guest in client.get(f"nodes/{node}/lxc"):
+        for row in client.get(f"nodes/{node}/lxc/{guest['vmid']}/pending"):
+            if not MP_KEY.match(str(row.get("key", ""))):
+                continue
+            for value in (row.get("value"), row.get("pending")):
+                source = str(value or "").split(",")[0]
+                if source.startswith(prefix):
+                    found.add(source)
+    return sorted(found)
 
 
 def _keep_hwaddr(live: Mapping[str, Any], key: str, value: str) -> str:
@@ -258,20 +296,23 @@ def ensure(
     allow_recreate: bool = False,
     attempts: int = 5,
     adopt: bool = False,
+    mounts: Mapping[str, str] | None = None,
 ) -> Result:
     """Converge container ``desired['vmid']`` to ``desired`` and leave it running.
 
-    Retryable failures (connection, 5xx) re-run the whole decision from a fresh read, which is
-    what makes a retried write safe: nothing is sent twice on the strength of a stale view.
+    ``mounts``: bind mount points by target path (their mpN keys are chosen against the live
+    config). Retryable failures (connection, 5xx) re-run the whole decision from a fresh read,
+    which is what makes a retried write safe: nothing is sent twice on the strength of a stale view.
     """
     vmid = int(desired["vmid"])
-    if client.conn.method == "token" and any(DEV_KEY.match(key) for key in desired):
+    if client.conn.method == "token" and (mounts or any(DEV_KEY.match(key) for key in desired)):
         raise PveError(TOKEN_REFUSED, 403)
     result = Result(vmid=vmid)
     last: PveError | None = None
     for attempt in range(attempts):
         try:
-            _converge(Converger(client, node, vmid), desired, result, check_mode, allow_restart, allow_recreate, adopt)
+            _converge(Converger(client, node, vmid), desired, result, check_mode, allow_restart, allow_recreate, adopt,
+                      dict(mounts or {}))
             last = None
             break
         except (TaskFailed, NotOwned, PveUnreachable):
@@ -295,9 +336,10 @@ def _create_params(desired: dict[str, Any]) -> dict[str, Any]:
 
 
 def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode: bool,
-              allow_restart: bool, allow_recreate: bool, adopt: bool = False) -> None:
+              allow_restart: bool, allow_recreate: bool, adopt: bool = False,
+              mounts: dict[str, str] | None = None) -> None:
     if not ct.exists():
-        _create(ct, desired, result, check_mode)
+        _create(ct, {**desired, **place_mounts({}, mounts or {})}, result, check_mode)
         if check_mode:
             return
     status = ct.status()
@@ -319,6 +361,7 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
                        f"or clear a stale lock with `pct unlock {ct.vmid}` on the host", 423)
 
     live = ct.config()
+    desired = {**desired, **place_mounts(live, mounts or {})}
     result.before = {k: str(v) for k, v in live.items() if k in desired or DEV_KEY.match(k)}
     changes = compare(live, desired)
     blocked = [c for c in changes if c.how == "recreate"]
@@ -351,6 +394,7 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         if status.get("status") == "running":
             ct.stop()
         ct.destroy()
+        desired = {**{k: v for k, v in desired.items() if not MP_KEY.match(k)}, **place_mounts({}, mounts or {})}
         _create(ct, desired, result, check_mode)
         live = ct.config()
         changes = compare(live, desired)
@@ -362,7 +406,11 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         if not check_mode:
             _apply(ct, live, changes)
     running = status.get("status") == "running"
-    pending = ct.pending() if not check_mode else [c.key for c in changes if DEV_KEY.match(c.key) or c.key == "features"]
+    # A new mount point is hot-plugged into a running container; a changed one, like devN and
+    # features, waits for the restart (pve-container's vmconfig_hotplug_pending).
+    pending = ct.pending() if not check_mode else [
+        c.key for c in changes
+        if DEV_KEY.match(c.key) or c.key == "features" or (MP_KEY.match(c.key) and c.before is not None)]
     if pending and running:
         if allow_restart and not check_mode:
             result.actions.append(f"restarting container {ct.vmid} to apply: {', '.join(pending)}")
@@ -374,8 +422,8 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         else:
             result.restart_needed = True
             result.warnings.append(
-                f"container {ct.vmid} must restart to apply {', '.join(pending)} (device and feature changes do "
-                f"not apply to a running container): re-run with --restart-container, or `pct reboot {ct.vmid}`")
+                f"container {ct.vmid} must restart to apply {', '.join(pending)} (device, mount point and feature "
+                f"changes do not apply to a running container): re-run with --restart-container, or `pct reboot {ct.vmid}`")
     result.pending = pending
     if not running:
         result.actions.append(f"{'would start' if check_mode else 'starting'} container {ct.vmid}")

@@ -106,7 +106,7 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
     try:
         client = connect(docker_url)
         handoff = gpu_handoff or docker_run.choose_gpu_handoff(
-            client.info(), host.container.gpus, local=local, dev_root=dev_root)
+            client.info(), host.container.gpus, local=local, configured=host.container.gpu_handoff, dev_root=dev_root)
     except docker.errors.DockerException as exc:
         _say(console, f"server: error: Docker at {docker_url or 'the default socket'} is unreachable: {exc}")
         return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])

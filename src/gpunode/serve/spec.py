@@ -3,8 +3,11 @@
 
 Choices, each for a reason:
 
-* GPUs through the NVIDIA runtime (``device_requests``, as ``--gpus`` does) when Docker has it, else
-  the ``/dev/nvidia*`` nodes handed in one by one (``devices``); ``GpuHandoff`` says which.
+* GPUs and the driver from the host down (``GpuHandoff``): by default the node's CDI spec
+  (``--device gpunode.io/gpu=all``) on a Docker with CDI, else the same list by hand: the
+  ``/dev/nvidia*`` nodes one by one plus each driver file read-only under /usr/local/nvidia, where
+  the image's PATH and LD_LIBRARY_PATH look; or NVIDIA's runtime
+  (``--gpus``) when the host file picks ``nvidia-runtime``.
 * ``ipc_mode="host"``: NCCL and torch multiprocessing share memory through /dev/shm, which the
   node's is large enough for; a private /dev/shm (``shm_size``) is used only when IPC is not shared.
 * ulimits ``memlock`` unlimited (NCCL pins buffers) and ``stack`` 64 MiB (NCCL's own advice).
@@ -44,34 +47,58 @@ LISTEN_INSIDE = "0.0.0.0"
 STACK_BYTES = 64 * 1024 * 1024
 
 
+DRIVER_MOUNT = "/usr/local/nvidia"  # the host's driver tree in the LXC container, and in the server's
+CDI_KIND = "gpunode.io/gpu"  # the node stage's CDI spec (/etc/cdi/gpunode.json); not NVIDIA's kind
+
+
 @dataclass(frozen=True)
 class GpuHandoff:
-    """How the GPUs reach the container: the NVIDIA runtime, or device nodes handed in."""
+    """How the GPUs reach the container: the node's CDI spec, device nodes (and the driver tree)
+    handed in by hand, or the NVIDIA runtime."""
 
-    kind: Literal["runtime", "devices"]
-    device_ids: tuple[str, ...] = ()  # runtime: which GPUs; empty means all
+    kind: Literal["runtime", "devices", "cdi"]
+    device_ids: tuple[str, ...] = ()  # runtime: which GPUs, empty means all; cdi: the CDI device names
     nodes: tuple[tuple[str, str], ...] = ()  # devices: (path on the node, path in the container)
+    binds: tuple[tuple[str, str], ...] = ()  # devices: the driver's files, read-only (node path, container path)
 
     @classmethod
     def runtime(cls, gpus: str | Sequence[int]) -> GpuHandoff:
         return cls("runtime", () if gpus == "all" else tuple(str(g) for g in gpus))
 
     @classmethod
-    def device_nodes(cls, paths: Sequence[str], dev_root: str = "/dev") -> GpuHandoff:
-        """Each node keeps its name under /dev inside (a lab keeps its nodes outside /dev)."""
+    def cdi(cls, gpus: str | Sequence[int]) -> GpuHandoff:
+        names = ("all",) if gpus == "all" else tuple(str(g) for g in gpus)
+        return cls("cdi", tuple(f"{CDI_KIND}={name}" for name in names))
+
+    @classmethod
+    def device_nodes(cls, paths: Sequence[str], dev_root: str = "/dev",
+                     binds: Sequence[tuple[str, str]] = ()) -> GpuHandoff:
+        """Each node keeps its name under /dev inside (a lab keeps its nodes outside /dev);
+        ``binds``: the driver's files, mounted read-only."""
         root = PurePosixPath(dev_root)
         pairs = []
         for path in paths:
             inside = PurePosixPath("/dev") / PurePosixPath(path).relative_to(root)
             pairs.append((path, str(inside)))
-        return cls("devices", nodes=tuple(pairs))
+        return cls("devices", nodes=tuple(pairs), binds=tuple(binds))
 
     def docker_kwargs(self) -> dict[str, Any]:
         if self.kind == "runtime":
             request = (DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]]) if self.device_ids
                        else DeviceRequest(count=-1, capabilities=[["gpu"]]))
             return {"device_requests": [request]}
+        if self.kind == "cdi":
+            return {"device_requests": [DeviceRequest(driver="cdi", device_ids=list(self.device_ids))]}
         return {"devices": [f"{outside}:{inside}:rwm" for outside, inside in self.nodes]}
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """docker_kwargs plus the driver's files, for a container with no mounts of its own."""
+        return {**self.docker_kwargs(), **({"mounts": self.mounts()} if self.binds else {})}
+
+    def mounts(self) -> list[Mount]:
+        """The driver's files, read-only, each where the image looks for it (they carry their
+        SONAMEs, so no ldconfig or symlink hook is needed)."""
+        return [Mount(target=inside, source=outside, type="bind", read_only=True) for outside, inside in self.binds]
 
 
 @dataclass(frozen=True)
@@ -143,7 +170,7 @@ def container_spec(
         "name": name,
         "detach": True,
         "environment": dict(sorted(env.items())),
-        "mounts": [Mount(target=MODEL_MOUNT, source=str(model_dir), type="bind", read_only=True)],
+        "mounts": [Mount(target=MODEL_MOUNT, source=str(model_dir), type="bind", read_only=True), *gpus.mounts()],
         "ports": {f"{port}/tcp": (bind, port)},
         "ipc_mode": ipc_mode,
         "ulimits": [Ulimit(name="memlock", soft=memlock_bytes, hard=memlock_bytes),

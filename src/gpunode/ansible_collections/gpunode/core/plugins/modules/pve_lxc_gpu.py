@@ -102,6 +102,17 @@ options:
     type: list
     elements: str
     default: []
+  driver_tree:
+    description:
+      - The host's NVIDIA user-space tree (built by M(gpunode.core.nvidia_driver_tree)), bind-mounted
+        read-only at C(/usr/local/nvidia) as an C(mpN) mount point (root@pam only, like devN). A new
+        mount point is hot-plugged into a running container; a changed one waits for a restart.
+      - Empty or omitted, no driver mount point is managed.
+    type: path
+  driver_tree_root:
+    description: The folder holding the trees; the trees any container on the node still mounts below it are returned.
+    type: path
+    default: /var/lib/gpunode/nvidia
   ssh_public_keys_file:
     description: Public keys injected into the container at creation.
     type: path
@@ -139,6 +150,7 @@ EXAMPLES = r"""
     devices: "{{ nodes.devices.keys() | list }}"
     gpus: all
     control_nodes: [/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools]
+    driver_tree: /var/lib/gpunode/nvidia/580.159.04
   delegate_to: localhost
 """
 
@@ -190,6 +202,12 @@ writes:
   description: Write requests sent (the login not counted); 0 on a converged container.
   returned: success
   type: int
+driver_trees_in_use:
+  description: Trees below O(driver_tree_root) that a container on the node mounts, live or pending (not to be removed).
+  returned: success
+  type: list
+  elements: str
+  sample: [/var/lib/gpunode/nvidia/580.159.04]
 gpunode_unreachable:
   description: Set when the API did not answer; gpunode reports the host as unreachable.
   returned: failure
@@ -222,6 +240,8 @@ ARGS = {
     "mig": {"type": "bool", "default": False},
     "control_nodes": {"type": "list", "elements": "str", "required": True},
     "optional_nodes": {"type": "list", "elements": "str", "default": []},
+    "driver_tree": {"type": "path"},
+    "driver_tree_root": {"type": "path", "default": "/var/lib/gpunode/nvidia"},
     "ssh_public_keys_file": {"type": "path"},
     "allow_restart": {"type": "bool", "default": False},
     "allow_recreate": {"type": "bool", "default": False},
@@ -279,9 +299,12 @@ def _run(module: AnsibleModule) -> None:
         ca_file=p["ca_file"], fingerprint=p["fingerprint"], task_timeout_s=float(p["task_timeout_s"]),
     )
     client = PveClient(conn)
+    mounts = {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(p["driver_tree"], lxc.DRIVER_MOUNT_POINT)} if p["driver_tree"] else {}
     try:
         result = lxc.ensure(client, p["node"], desired, check_mode=module.check_mode,
-                            allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"])
+                            allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"],
+                            mounts=mounts)
+        in_use = lxc.mounted_sources(client, p["node"], p["driver_tree_root"])
     except PveUnreachable as exc:
         # Runs on localhost, so Ansible would call it a plain failure: gpunode reads this flag
         # and reports the host as unreachable (exit 3).
@@ -304,6 +327,7 @@ def _run(module: AnsibleModule) -> None:
         actions=result.actions,
         requests=dict(client.counts),
         writes=client.writes,
+        driver_trees_in_use=in_use,
         gpunode_summary=summary,
         diff={"before": _lines(result.before), "after": _lines(result.after),
               "before_header": f"container {result.vmid} (live)", "after_header": f"container {result.vmid} (host file)"},
