@@ -1,6 +1,6 @@
 """The inside layer's toolkit checks, run through testinfra against a real container holding the
 files as the node role writes them, then as a hand edit leaves them. The lab node cannot show this:
-it uses the devices hand-off, and NVIDIA's toolkit cannot be downloaded here."""
+it uses the host-driver hand-off, and NVIDIA's toolkit cannot be downloaded here."""
 
 from __future__ import annotations
 
@@ -62,6 +62,6 @@ def test_docker_without_the_nvidia_runtime_is_named(node: Any) -> None:
         inside.test_docker_knows_the_nvidia_runtime(node, RUNTIME)
 
 
-def test_devices_handoff_says_the_toolkit_does_not_apply(node: Any) -> None:
-    with pytest.raises(pytest.skip.Exception, match="devices hand-off"):
-        inside.test_toolkit_leaves_cgroups_to_lxc(node, {"gpunode_gpu_handoff": "devices"})
+def test_host_driver_handoff_says_the_toolkit_does_not_apply(node: Any) -> None:
+    with pytest.raises(pytest.skip.Exception, match="host-driver hand-off"):
+        inside.test_toolkit_leaves_cgroups_to_lxc(node, {"gpunode_gpu_handoff": "host-driver"})

@@ -45,6 +45,13 @@ def remove_devn() -> None:
     api().call("PUT", "nodes/pve1/lxc/200/config", delete="dev1")
 
 
+def remove_driver_mount() -> None:
+    # Removed from the config and the container restarted, as a hand edit in the GUI would end.
+    api().call("PUT", "nodes/pve1/lxc/200/config", delete="mp0")
+    api().call("POST", "nodes/pve1/lxc/200/status/stop")
+    api().call("POST", "nodes/pve1/lxc/200/status/start")
+
+
 def remove_hmm_option() -> None:
     on(lab.HOST_CONTAINER_IP, "rm -f /etc/modprobe.d/gpunode-nvidia-uvm.conf")
 
@@ -92,6 +99,7 @@ def record_failed_verify() -> None:
 SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
     ("container-stopped", stop_container, "container", "test_container_running"),
     ("devn-removed", remove_devn, "container", "test_container_config_matches[devices]"),
+    ("driver-mount-removed", remove_driver_mount, "container", "test_container_config_matches[driver mount]"),
     ("hmm-option-removed", remove_hmm_option, "host", "test_hmm_option_configured"),
     ("docker-stopped", stop_docker, "inside", "test_docker_running"),
     ("probe-image-removed", remove_probe_image, "inside", "test_gpu_handoff_to_docker"),
@@ -104,9 +112,9 @@ SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
 ]
 
 
-def check(gpunode, *layers: str) -> tuple[int, dict]:
+def check(gpunode, *layers: str, hosts: Path = LAB_HOSTS) -> tuple[int, dict]:
     chosen = [arg for layer in layers for arg in ("--layer", layer)]
-    result = gpunode("check", str(LAB_HOSTS), "--json", *chosen, timeout=600)
+    result = gpunode("check", str(hosts), "--json", *chosen, timeout=600)
     return result.returncode, json.loads(result.stdout)
 
 
@@ -210,3 +218,55 @@ def test_p2p_verdict_is_read_from_the_node_record(gpunode, converged: None) -> N
         assert "gpunode provision --tags p2p" in message
     finally:
         on(lab.CONTAINER_IP, f"rm -f {path}")
+
+
+NEW_DRIVER = "580.172.08"  # the recorded 580.159.04's files renamed (labdriver keeps the length)
+FACTS = lab.HOST_ROOTFS / lab.LAB_HOST_FACTS_ROOT.lstrip("/")
+VERSION_FILES = ("sys/module/nvidia/version", "proc/driver/nvidia/version")
+
+
+def upgrade_host_driver(old: str, new: str) -> None:
+    """What a driver upgrade leaves on the host: the new version loaded, its files, the ld cache."""
+    from gpunode import labdriver
+
+    labdriver.lay_out(ROOT / lab.HOST_DRIVER_LAYOUT, FACTS, new)
+    for rel in VERSION_FILES:
+        path = FACTS / rel
+        path.write_text(path.read_text().replace(old, new))
+    if new == "580.159.04":  # back to the recording: the renamed files go
+        for stale in (FACTS / "usr" / "lib" / "x86_64-linux-gnu").glob(f"*{old}"):
+            stale.unlink()
+
+
+def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp_path: Path) -> None:
+    hosts = tmp_path / "host.yml"
+    hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', f'version: "{NEW_DRIVER}"'))
+    rc, healthy = check(gpunode)
+    assert rc == 0, failing(healthy)
+    upgrade_host_driver("580.159.04", NEW_DRIVER)
+    try:
+        rc, broken = check(gpunode, "host", "container", "inside", hosts=hosts)
+        assert rc == 1
+        assert {("host", "test_driver_tree_built_for_the_loaded_driver"),
+                ("container", "test_container_config_matches[driver mount]"),
+                ("inside", "test_driver_tree_is_the_host_modules")} <= failing(broken), failing(broken)
+        # Without a restart the new mount point waits, and the node stage names the stale mount.
+        stale = gpunode("provision", str(hosts), "--tags", "host,container,node", "--json", timeout=900)
+        assert stale.returncode == 1
+        failure = json.loads(stale.stdout)["failures"][0]
+        assert "mounts NVIDIA user space 580.159.04, but the host's module is 580.172.08" in failure["message"]
+        assert "must restart to apply mp0" in stale.stderr
+        trees = on(lab.HOST_CONTAINER_IP, "ls /var/lib/gpunode/nvidia").stdout.split()
+        assert trees == ["580.159.04", NEW_DRIVER], "the old tree stays while the container still mounts it"
+        repaired = gpunode("provision", str(hosts), "--tags", "host,container,node", "--restart-container", timeout=900)
+        assert repaired.returncode == 0, repaired.stderr
+        rc, after = check(gpunode, "host", "container", "inside", hosts=hosts)
+        assert rc == 0, failing(after)
+        assert on(lab.HOST_CONTAINER_IP, "ls /var/lib/gpunode/nvidia").stdout.split() == [NEW_DRIVER]
+        assert f"Driver Version: {NEW_DRIVER}" in on(lab.CONTAINER_IP, "/usr/local/nvidia/bin/nvidia-smi").stdout
+    finally:
+        upgrade_host_driver(NEW_DRIVER, "580.159.04")
+        back = gpunode("provision", str(LAB_HOSTS), "--tags", "host,container,node", "--restart-container", timeout=900)
+        assert back.returncode == 0, back.stderr
+    rc, restored = check(gpunode)
+    assert rc == 0, failing(restored)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import ssl
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,13 @@ def variant(tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def host_stage_ran(gpunode_module) -> None:
+    """The container stage mounts the host's driver tree, which the host stage builds."""
+    result = gpunode_module("provision", str(LAB_HOSTS), "--tags", "host", timeout=600)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.fixture
 def fresh_container() -> None:
     """Start from no container 200 in the lab's fakepve."""
@@ -69,6 +77,7 @@ def test_create_then_zero_writes(gpunode, fresh_container: None) -> None:
     config = api().get("nodes/pve1/lxc/200/config")
     assert config["dev0"] == "/dev/nvidia0,mode=0666" and config["dev1"] == "/dev/nvidia1,mode=0666"
     assert config["dev5"] == "/dev/nvidia-modeset,mode=0666"  # present on the lab host, so passed in
+    assert config["mp0"] == "/var/lib/gpunode/nvidia/580.159.04,mp=/usr/local/nvidia,ro=1"
     assert api().get("nodes/pve1/lxc/200/status/current")["status"] == "running"
 
     rc, second, _ = run(gpunode)
@@ -196,3 +205,20 @@ def test_refused_api_is_unreachable(gpunode, tmp_path: Path) -> None:
     rc, _, stderr = live_owner(gpunode, hosts)
     assert rc == 3 and stderr.startswith("error: pve-lab: Proxmox API https://127.0.0.2:9 unreachable")
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_without_the_hosts_tree_nothing_is_written(gpunode) -> None:
+    moved = "/var/lib/gpunode/nvidia/580.159.04"
+    assert subprocess.run(lab.ssh_command(f"mv {moved} {moved}.away", host=lab.HOST_CONTAINER_IP)).returncode == 0
+    try:
+        before = api().get("nodes/pve1/lxc/200/config") if any(
+            int(ct["vmid"]) == 200 for ct in api().get("nodes/pve1/lxc")) else None
+        rc, summary, _ = run(gpunode)
+        assert rc == 1
+        message = summary["failures"][0]["message"]
+        assert "driver tree /var/lib/gpunode/nvidia/580.159.04 is missing" in message
+        assert "gpunode provision --tags host" in message and "Nothing was changed" in message
+        if before is not None:
+            assert api().get("nodes/pve1/lxc/200/config") == before
+    finally:
+        subprocess.run(lab.ssh_command(f"mv {moved}.away {moved}", host=lab.HOST_CONTAINER_IP))

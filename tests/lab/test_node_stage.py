@@ -58,9 +58,39 @@ def test_toolkit_path_reports_an_unreachable_repository_clearly(gpunode, tmp_pat
     # NVIDIA's repository is not reachable from this sandbox: the toolkit path cannot be run here;
     # what it must do is stop with the host, the task and the cause.
     hosts = tmp_path / "host.yml"
-    hosts.write_text(LAB_HOSTS.read_text().replace("gpu_handoff: devices", "gpu_handoff: nvidia-runtime"))
+    text = LAB_HOSTS.read_text()
+    assert "      gpus: [0, 1]\n" in text
+    hosts.write_text(text.replace("      gpus: [0, 1]\n", "      gpus: [0, 1]\n      gpu_handoff: nvidia-runtime\n"))
     rc, summary, _ = provision(gpunode, "--check", hosts=hosts)
     assert rc == 1
     failure = summary["failures"][0]
     assert failure["host"] == NODE and failure["task"] == "Add NVIDIA's container toolkit signing key"
     assert "Request failed" in failure["message"]
+
+
+def test_host_driver_tree_is_mounted_read_only_and_on_the_loader_path(gpunode) -> None:
+    rc, _, stderr = provision(gpunode)
+    assert rc == 0, stderr
+    mount = in_node("findmnt", "-no", "OPTIONS,SOURCE", "/usr/local/nvidia").stdout
+    assert mount.split(",")[0] == "ro" and "/var/lib/gpunode/nvidia/580.159.04" in mount, mount
+    assert in_node("touch", "/usr/local/nvidia/lib64/x").returncode != 0, "the mounted tree must be read-only"
+    assert "/usr/local/nvidia/lib64" in in_node("cat", "/etc/ld.so.conf.d/gpunode-nvidia.conf").stdout
+    assert "Driver Version: 580.159.04" in in_node("bash", "-lc", "nvidia-smi").stdout  # PATH for login shells
+    spec = json.loads(in_node("cat", "/etc/cdi/gpunode.json").stdout)
+    mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert {"/usr/local/nvidia/lib64/libcuda.so.1", "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+            "/usr/local/nvidia/bin/nvidia-smi"} <= mounted
+    assert not in_node("test", "-e", "/etc/nvidia-container-runtime/config.toml").returncode == 0, \
+        "the host-driver hand-off installs nothing from NVIDIA"
+
+
+def test_stale_driver_mount_is_named_with_its_fix(gpunode, tmp_path: Path) -> None:
+    # The host file pins a driver the mounted tree is not (the lab has no module: the pin stands in).
+    hosts = tmp_path / "host.yml"
+    hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', 'version: "580.172.08"'))
+    rc, summary, _ = provision(gpunode, hosts=hosts)
+    assert rc == 1
+    failure = summary["failures"][0]
+    assert failure["host"] == NODE and failure["task"] == "Assert the mounted user space is the host module's version"
+    assert "mounts NVIDIA user space 580.159.04, but the host's module is 580.172.08" in failure["message"]
+    assert "--restart-container" in failure["message"]

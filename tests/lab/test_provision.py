@@ -72,6 +72,14 @@ def test_converge_then_second_run_changes_nothing(gpunode, tmp_path: Path) -> No
     recorded = json.loads(_ssh("cat", "/etc/gpunode/node.json").stdout)
     assert recorded["gpus"] == [0, 1] and recorded["expected"]["served_name"] == "glm-5"
 
+    # The server container serve started got the host's driver: libcuda.so.1 and nvidia-smi from
+    # the tree, as real SGLang needs them (0.5.9 runs nvidia-smi at start).
+    seen = _ssh("docker exec gpunode-sglang sh -c 'ls /usr/local/nvidia/lib64/libcuda.so.1 && command -v nvidia-smi "
+                "&& nvidia-smi'")
+    assert seen.returncode == 0, seen.stderr
+    assert "/usr/local/nvidia/lib64/libcuda.so.1\n/usr/local/nvidia/bin/nvidia-smi\n" in seen.stdout
+    assert "Driver Version: 580.159.04" in seen.stdout
+
 
 def test_check_mode_reports_and_changes_nothing(gpunode) -> None:
     _ssh("rm", "-f", "/etc/gpunode/node.json")

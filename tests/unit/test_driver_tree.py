@@ -110,12 +110,6 @@ def test_prune_keeps_what_is_mounted_and_only_touches_gpunodes_trees(tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["580.159.04", "580.172.08", "someone-elses"]
 
 
-def test_version_of_mount() -> None:
-    assert driver_tree.version_of_mount("/var/lib/gpunode/nvidia/580.159.04,mp=/usr/local/nvidia,ro=1") == "580.159.04"
-    assert driver_tree.version_of_mount("/srv/data,mp=/data") is None
-    assert driver_tree.version_of_mount("local-lvm:vm-200-disk-1,mp=/x,size=8G") is None
-
-
 def test_read_version(host: Path, tmp_path: Path) -> None:
     assert driver_tree.read_version(str(tmp_path)) == ""
     (tmp_path / "sys" / "module" / "nvidia").mkdir(parents=True)

@@ -205,15 +205,6 @@ def prune(keep: list[str], dest: str = TREE_ROOT, check_mode: bool = False) -> l
     return gone
 
 
-def version_of_mount(value: str, dest: str = TREE_ROOT) -> str | None:
-    """The driver version an mpN value mounts, when it is one of gpunode's trees."""
-    source = str(value).split(",")[0]
-    prefix = dest.rstrip("/") + "/"
-    if source.startswith(prefix) and VERSION.match(source[len(prefix):].strip("/")):
-        return source[len(prefix):].strip("/")
-    return None
-
-
 def survey(facts_root: str = "/", dest: str = TREE_ROOT) -> dict[str, object]:
     """For the checks: the loaded version, and what building its tree would change (nothing when
     the tree is whole), with `ldconfig -p` run here."""
