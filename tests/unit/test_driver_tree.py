@@ -115,3 +115,19 @@ def test_read_version(host: Path, tmp_path: Path) -> None:
     (tmp_path / "sys" / "module" / "nvidia").mkdir(parents=True)
     (tmp_path / "sys" / "module" / "nvidia" / "version").write_text(f"{VERSION}\n")
     assert driver_tree.read_version(str(tmp_path)) == VERSION
+
+
+def test_the_tree_served_cuda_torch_and_nvidia_smi_on_the_h200(host: Path) -> None:
+    """probe_tree.py built the tree on the H200 from its real ld cache and ran, with only the tree on
+    the loader's path, the CUDA probe, a torch matmul and the tree's nvidia-smi."""
+    probe = json.loads((RECORDED / "tree_probe.json").read_text())
+    planned = driver_tree.plan(driver_tree.parse_ldconfig(ldconfig_p(host)), VERSION, str(host))
+    assert probe["version"] == VERSION and probe["tree"] == sorted(planned["libraries"])
+    assert probe["binaries"] == sorted(planned["binaries"])
+    for run in ("cuda_probe", "torch"):
+        assert probe[run]["rc"] == 0, probe[run]["stderr"]
+        maps = json.loads(probe[run]["stdout"].split("MAPS ")[1].replace("'", '"'))
+        assert maps and all(f"/{VERSION}/lib64/" in path for path in maps), maps  # the tree's, not the system's
+    cuda = json.loads(probe["cuda_probe"]["stdout"].splitlines()[0])
+    assert cuda["ok"] and cuda["cuinit"] == 0 and cuda["devices"][0]["name"] == "NVIDIA H200"
+    assert probe["nvidia_smi"] == {"rc": 0, "stdout": f"NVIDIA H200, {VERSION}\n", "stderr": ""}

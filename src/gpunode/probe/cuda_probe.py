@@ -20,7 +20,7 @@ HINTS = {
        "On the Proxmox HOST set `options nvidia_uvm uvm_disable_hmm=1` in /etc/modprobe.d and reload "
        "nvidia_uvm (or reboot); containers share the host's kernel, so nothing inside can fix it.",
     100: "CUDA_ERROR_NO_DEVICE (100): no GPU is visible here: check the container's devN entries and the "
-         "GPU hand-off to Docker (devices or the nvidia runtime).",
+         "GPU hand-off to Docker (the node's CDI spec, or the nvidia runtime).",
     999: "CUDA_ERROR_UNKNOWN (999): often /dev/nvidia-uvm missing or not allowed: check the uvm device nodes.",
     304: "CUDA_ERROR_OPERATING_SYSTEM (304): a device node cannot be opened (cgroup rules or permissions).",
 }
@@ -38,8 +38,9 @@ def probe() -> dict[str, object]:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
         return {"ok": False, "cuinit": None, "error": f"libcuda.so.1 not loadable: {exc}",
-                "hint": "the NVIDIA user-space driver is not in this container (install it without the kernel "
-                        "module at the host's exact version, or use the nvidia container runtime)",
+                "hint": "the NVIDIA user-space driver is not in this container: with gpunode's host-driver hand-off "
+                        "the host's tree is mounted at /usr/local/nvidia and its lib64 must be on "
+                        "LD_LIBRARY_PATH (re-run the node stage); with nvidia-runtime, the nvidia runtime",
                 "driver_version": None, "devices": []}
     code = cuda.cuInit(0)
     result: dict[str, object] = {"cuinit": code, "error": None, "hint": None, "devices": []}
