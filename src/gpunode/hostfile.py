@@ -257,6 +257,9 @@ class Prepare(Strict):
     persistenced: bool = True
     allow_module_reload: bool = False
     allow_reboot: bool = False
+    # Pin (proxmox-boot-tool kernel pin) the newest kernel the NVIDIA module is built for when the
+    # one that would boot next has none (its DKMS build failed): the GPUs survive the next reboot.
+    pin_kernel: bool = False
 
 
 class ImagePins(Strict):

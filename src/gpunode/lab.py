@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpunode import labkernels
+
 __all__ = [
     "LAB_DIR", "LAB_GPU_COUNT", "BRIDGE", "BRIDGE_IP", "BRIDGE_CIDR", "LAB_SUBNET", "CONTAINER_NAME",
     "CONTAINER_IP", "PVE_HOST", "PVE_PORT", "PVE_URL", "PVE_USER", "PVE_NODE", "NVIDIA_MAJOR",
@@ -1000,6 +1002,8 @@ def up(progress: Progress = _noop) -> LabInfo:
             changed.append("fakepve")
         if _ensure_container(progress, HOST_CONTAINER, uvm):
             changed.append("host_container")
+        if labkernels.ensure(progress):
+            changed.append("kernels")
     seconds = time.monotonic() - start
     progress(f"lab up in {seconds:.1f} s" + (f" (changed: {', '.join(changed)})" if changed else " (no change)"))
     return _info(uvm, changed, seconds)

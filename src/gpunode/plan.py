@@ -99,6 +99,13 @@ def host_changes(host: Host) -> list[str]:
         changes.append("nvidia-persistenced enabled and running")
     changes.append("NVIDIA device nodes created at boot (nvidia-modprobe -u -c=0)")
     changes.append(f"NVIDIA driver {host.driver.version} (open kernel module) installed if missing")
+    changes.append(f"every installed kernel: its headers (proxmox-headers-<kernel>) installed and the NVIDIA "
+                   f"{host.driver.version} DKMS module built for it (dkms install -k <kernel>), before the reboot "
+                   "that needs it; the recap says whether it is safe to reboot")
+    changes.append("pins the newest kernel the module is built for (proxmox-boot-tool kernel pin) when the one that "
+                   "boots next cannot get it" if prep.pin_kernel else
+                   "never pins a kernel (prepare.pin_kernel): if the module cannot be built for the kernel that boots "
+                   "next, the stage stops before any change")
     if host.container.gpu_handoff == "host-driver":
         changes.append(f"the loaded driver's user space as a tree in {DRIVER_TREE_ROOT}/<version> (one per version; "
                        "the container stage removes those no container mounts)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import gpunode.lab as lab
-from gpunode import stagerun
+from gpunode import labkernels, stagerun
 from gpunode.labimage import fake_tag
 from gpunode.pve.client import Connection, PveClient
 from gpunode.serve.spec import CONTAINER_NAME
@@ -270,3 +270,68 @@ def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp
         assert back.returncode == 0, back.stderr
     rc, restored = check(gpunode)
     assert rc == 0, failing(restored)
+
+
+
+def newest_kernel() -> str:
+    """The kernel the recovery tests install: newer than the lab host's (labkernels)."""
+    return labkernels.kernels()[2]
+
+STANDIN_SOURCE = f"/usr/src/{labkernels.MODULE}-{labkernels.VERSION}/nvidia.c"
+
+
+def test_new_kernel_without_the_module_is_named_and_repaired(gpunode, converged: None) -> None:
+    """An `apt full-upgrade` brought a newer kernel and nothing built the NVIDIA module for it."""
+    rc, healthy = check(gpunode, "host")
+    assert rc == 0, failing(healthy)
+    new_kernel = newest_kernel()
+    assert on(lab.HOST_CONTAINER_IP, labkernels.install_kernel(new_kernel)).returncode == 0
+    try:
+        rc, broken = check(gpunode, "host")
+        assert rc == 1
+        assert {("host", f"test_module_built_for_kernel[{new_kernel}]"),
+                ("host", "test_host_finding[kernel_headers]")} <= failing(broken), failing(broken)
+        message = next(r["message"] for r in broken["results"] if r["check"].endswith(f"[{new_kernel}]"))
+        assert "GPUs will be gone after the next reboot" in message and "gpunode provision --tags host" in message
+        repaired = gpunode("provision", str(LAB_HOSTS), "--tags", "host", timeout=900)
+        assert repaired.returncode == 0, repaired.stderr
+        assert f"safe to reboot: {new_kernel} boots next and has the NVIDIA module" in repaired.stderr
+        # Debian's headers and dkms built the stand-in for real: the module file says what it is.
+        built = on(lab.HOST_CONTAINER_IP, f"modinfo -F description /lib/modules/{new_kernel}/updates/dkms/nvidia.ko*")
+        assert "gpunode lab stand-in" in built.stdout, built.stderr
+        again = gpunode("provision", str(LAB_HOSTS), "--tags", "host", "--json", timeout=900)
+        assert again.returncode == 0 and not json.loads(again.stdout)["stats"].get("changed"), again.stdout[-2000:]
+        rc, after = check(gpunode, "host")
+        assert rc == 0, failing(after)
+    finally:
+        on(lab.HOST_CONTAINER_IP, labkernels.remove_kernel(new_kernel))
+
+
+def test_failed_dkms_build_for_the_next_kernel_stops_the_stage(gpunode, converged: None) -> None:
+    """A kernel the driver cannot be built for (here: a source that does not compile for it)."""
+    new_kernel = newest_kernel()
+    # The headers first (Debian's dkms hook builds the module for them), then a source that no
+    # longer compiles, rebuilt for that kernel: the build fails as for a kernel the driver is too old for.
+    breakage = (labkernels.install_kernel(new_kernel) + " && export DEBIAN_FRONTEND=noninteractive && "
+                f"apt-get install -y -q linux-headers-{new_kernel} >/dev/null && "
+                f"dkms remove -m {labkernels.MODULE} -v {labkernels.VERSION} -k {new_kernel} >/dev/null && "
+                f"cp {STANDIN_SOURCE} {STANDIN_SOURCE}.orig && "
+                f"echo 'this_kernel_is_too_new(); /* gpunode lab */' >> {STANDIN_SOURCE} && "
+                f"{{ dkms build -m {labkernels.MODULE} -v {labkernels.VERSION} -k {new_kernel} >/dev/null 2>&1; true; }}")
+    try:
+        done = on(lab.HOST_CONTAINER_IP, breakage)
+        assert done.returncode == 0, done.stderr
+        rc, broken = check(gpunode, "host")
+        assert rc == 1
+        assert {("host", "test_host_finding[dkms_build]"), ("host", "test_host_finding[kernel_support]"),
+                ("host", f"test_module_built_for_kernel[{new_kernel}]")} <= failing(broken), failing(broken)
+        result = gpunode("provision", str(LAB_HOSTS), "--tags", "host", "--json", timeout=900)
+        assert result.returncode == 1
+        failure = json.loads(result.stdout)["failures"][0]
+        assert failure["task"] == "Evaluate the host (named findings, each with its fix)"
+        assert "dkms_build" in failure["message"] and "this_kernel_is_too_new" in failure["message"]
+        assert "prepare.pin_kernel" in failure["message"]
+        assert not json.loads(result.stdout)["stats"].get("changed"), "a blocking finding changes nothing"
+    finally:
+        on(lab.HOST_CONTAINER_IP, f"test -e {STANDIN_SOURCE}.orig && mv {STANDIN_SOURCE}.orig {STANDIN_SOURCE}; "
+           + labkernels.remove_kernel(new_kernel))

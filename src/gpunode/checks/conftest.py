@@ -100,7 +100,38 @@ def host_facts(host: Any, hostvars: dict[str, Any], _reach: dict[str, str | None
     skip_unreachable(host, _reach)  # module-scoped: set up before the per-test reachability check
     facts = _remote_python(host, "nvidia_host", f"gather({hostvars['gpunode_facts_root']!r}, config_root='/')")
     facts["devices"] = _remote_python(host, "nvidia_nodes", f"scan({hostvars['gpunode_dev_root']!r}, False)")
+    facts["kernels"] = _kernels(host, hostvars)
     return facts
+
+
+def _kernels(host: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
+    return dict(_remote_python(host, "kernels", f"gather('/', {hostvars['gpunode_facts_root']!r}, "
+                                                f"version={hostvars['gpunode_driver_version']!r})"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per installed kernel of the Proxmox hosts (``kernel``): the list is read from the
+    hosts when the checks are collected; a host without that kernel skips it."""
+    if "kernel" not in metafunc.fixturenames:
+        return
+    import testinfra
+
+    found: set[str] = set()
+    option = metafunc.config.option
+    # The hosts exactly as testinfra's own plugin makes them (testinfra/plugin.py pytest_generate_tests).
+    hosts = testinfra.get_hosts((option.hosts or "").split(","), connection=option.connection,
+                                ssh_config=option.ssh_config, ssh_identity_file=option.ssh_identity_file,
+                                sudo=option.sudo, sudo_user=option.sudo_user, ansible_inventory=option.ansible_inventory,
+                                force_ansible=option.force_ansible)
+    for host in hosts:
+        variables = host.backend.get_variables()
+        if "pve_hosts" not in variables.get("group_names", []) or _unreachable(host):
+            continue
+        try:
+            found.update(k["version"] for k in _kernels(host, variables)["kernels"])
+        except BaseException:  # a failed read is reported by the host's other checks
+            continue
+    metafunc.parametrize("kernel", sorted(found) or ["no-kernel-found"])
 
 
 @pytest.fixture(scope="module")

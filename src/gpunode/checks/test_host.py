@@ -14,7 +14,8 @@ import pytest
 from gpunode.checks.conftest import _remote_python
 from gpunode.host.findings import Expectations, evaluate
 
-FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes")
+FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes",
+            "kernel_headers", "dkms_build", "kernel_support")
 HMM_CONF = "/etc/modprobe.d/gpunode-nvidia-uvm.conf"
 NODES_UNIT = "gpunode-nvidia-nodes.service"
 
@@ -29,7 +30,8 @@ def _expect(hostvars: dict[str, Any]) -> Expectations:
     prepare = hostvars["gpunode_prepare"]
     installer = hostvars.get("gpunode_driver_installer") or {}
     return Expectations(hostvars["gpunode_driver_version"], True, prepare["disable_hmm"], prepare["release_vfio"],
-                        prepare["persistenced"], bool(installer.get("url") or installer.get("local_file")))
+                        prepare["persistenced"], bool(installer.get("url") or installer.get("local_file")),
+                        prepare.get("pin_kernel", False))
 
 
 @pytest.mark.parametrize("name", FINDINGS)
@@ -74,3 +76,31 @@ def test_driver_tree_built_for_the_loaded_driver(pve_host: Any, hostvars: dict[s
         f"the tree of the loaded driver {survey['version']} ({survey['path']}) is missing or out of date " \
         f"({len(survey['changes'])} files differ, e.g. {survey['changes'][0]}; trees here: " \
         f"{', '.join(survey['trees']) or 'none'}) -> run `gpunode provision --tags host`"
+
+
+def test_module_built_for_kernel(kernel: str, pve_host: Any, hostvars: dict[str, Any],
+                                 host_facts: dict[str, Any]) -> None:
+    facts = host_facts["kernels"]
+    entry = next((k for k in facts["kernels"] if k["version"] == kernel), None)
+    if kernel == "no-kernel-found":
+        pytest.fail("no installed kernel found (/boot/vmlinuz-*) on the host: a Proxmox host has at least one")
+    if entry is None:
+        pytest.skip(f"not-in-layer: kernel {kernel} is not installed on this host")
+    version = facts["version"] or hostvars["gpunode_driver_version"]
+    role = " (boots next)" if entry["boots_next"] else ""
+    fix = "run `gpunode provision --tags host` (it installs the headers and builds the module)"
+    if entry["build_failed"]:
+        fix = f"its DKMS build failed ({'; '.join(entry['make_log'][:2])}): " + (
+            "set prepare.pin_kernel, or install a driver that supports it" if entry["boots_next"] else fix)
+    if entry["boots_next"]:
+        assert entry["module"] == "installed", \
+            f"NVIDIA module {version} is {entry['module']} for {kernel}, the kernel that boots next: GPUs will be " \
+            f"gone after the next reboot -> {fix}"
+    elif entry["build_failed"]:
+        # Kept, not booted: the stage pinned (or the operator chose) another kernel.
+        pytest.xfail(f"pending: NVIDIA module {version} cannot be built for {kernel}, which does not boot next "
+                     f"-> {fix}")
+    else:
+        assert entry["module"] == "installed", \
+            f"NVIDIA module {version} is {entry['module']} for {kernel}{role} (a reboot into it would lose the " \
+            f"GPUs) -> {fix}"

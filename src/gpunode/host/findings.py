@@ -1,8 +1,10 @@
 """The host stage's preflight: named findings, each with its fix, from gathered host facts.
 
 Pure functions over the facts that playbooks/module_utils/nvidia_host.py gathers (and that
-tests/fixtures/host/ recorded on a real GPU machine). ``blocking`` findings stop the stage before
-it changes anything; the others are fixed by the stage itself or are advice.
+tests/fixtures/host/ recorded on a real GPU machine); check_kernels over module_utils/kernels.py's
+facts (the "kernels" key: will the NVIDIA DKMS module be there after the next reboot).
+``blocking`` findings stop the stage before it changes anything; the others are fixed by the
+stage itself or are advice.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Expectations:
     release_vfio: bool = True
     persistenced: bool = True
     installer: bool = False  # an installer (url+sha256 or local file) is configured
+    pin_kernel: bool = False  # prepare.pin_kernel: the stage may pin a kernel that has the module
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -153,8 +156,101 @@ def check_nodes(facts: dict[str, Any]) -> Finding:
     return Finding("device_nodes", OK, f"{len(gpus)} GPU node(s), nvidiactl and the nvidia-uvm pair present")
 
 
+def _has_module(kernel: dict[str, Any]) -> bool:
+    return kernel.get("module") in ("installed", "built")
+
+
+def check_kernels(kernels: dict[str, Any], pin_kernel: bool) -> list[Finding]:
+    """Will the GPUs survive the next reboot? From module_utils/kernels.py's facts: the kernel
+    that boots next must have the pinned driver's DKMS module; a failed DKMS build (a driver too
+    old for the kernel) blocks unless the stage may pin a kernel that has the module."""
+    version = kernels.get("version") or "(none registered)"
+    listed = list(kernels.get("kernels") or [])
+    boot = kernels.get("boot")
+    if not listed:
+        return [Finding("kernel_module", WARN, "no kernel image in /boot: cannot tell which kernel boots next",
+                        "run the host stage against the Proxmox VE host itself (not a container)")]
+    with_module = [k["version"] for k in listed if _has_module(k)]  # sorted oldest first
+    pin_to = with_module[-1] if with_module else None
+    found: list[Finding] = []
+    for kernel in sorted(listed, key=lambda k: not k.get("boots_next")):  # the one that boots next first
+        name = kernel["version"]
+        if kernel.get("boots_next"):
+            found.append(_boot_kernel_module(kernels, kernel, version, pin_kernel, pin_to))
+        elif kernel.get("module") == "missing":
+            found.append(Finding(
+                "kernel_module", WARN, f"module {version} is not built for {name} (installed, does not boot next)",
+                f"build it before booting {name}: dkms autoinstall -k {name}" + (
+                    "" if kernel.get("headers") else f" (needs {kernel.get('headers_wanted')})")))
+        else:
+            found.append(Finding("kernel_module", OK, f"module {version} built for {name}"))
+    for kernel in listed:
+        if not kernel.get("headers"):
+            found.append(Finding(
+                "kernel_headers", FAIL, f"no headers package for {kernel['version']}: DKMS cannot build "
+                f"{kernels.get('module') or 'nvidia'} {version} for it",
+                f"the host stage installs {kernel.get('headers_wanted')}"))
+    for kernel in listed:
+        if kernel.get("build_failed"):
+            found.extend(_failed_build(kernel, listed, version, boot, pin_kernel, pin_to))
+    return found
+
+
+def _boot_kernel_module(kernels: dict[str, Any], kernel: dict[str, Any], version: str, pin_kernel: bool,
+                        pin_to: str | None) -> Finding:
+    name = kernel["version"]
+    if kernel.get("module") == "installed":
+        return Finding("kernel_module", OK, f"module {version} built for {name} (boots next)")
+    if kernel.get("module") == "built":
+        return Finding("kernel_module", WARN, f"module {version} built for {name} (boots next) but not installed "
+                       f"into /lib/modules/{name}", f"the host stage installs it: dkms autoinstall -k {name}")
+    detail = (f"module {version} is not built for {name}, the kernel that boots next "
+              f"({kernels.get('boot_reason') or 'newest installed'}): GPUs will be gone after the next reboot")
+    if not kernels.get("dkms_registered"):
+        return Finding("kernel_module", FAIL, detail + f"; DKMS has no {kernels.get('module') or 'nvidia'}/{version} "
+                       "to build it from", f"install driver {kernels.get('version') or '(the pinned one)'} with --dkms",
+                       blocking=True)
+    if kernel.get("build_failed"):  # rebuilding fails the same way; dkms_build says whether it blocks
+        return Finding("kernel_module", FAIL, detail, _pin_fix(name, version, pin_kernel, pin_to))
+    headers = "" if kernel.get("headers") else f"installs {kernel.get('headers_wanted')} and "
+    return Finding("kernel_module", FAIL, detail, f"the host stage {headers}builds it: dkms autoinstall -k {name}")
+
+
+def _pin_fix(name: str, version: str, pin_kernel: bool, pin_to: str | None) -> str:
+    if pin_to is None:
+        return f"install a driver that supports {name} (no installed kernel has module {version} to pin)"
+    if pin_kernel:
+        return (f"the host stage pins {pin_to} with proxmox-boot-tool (prepare.pin_kernel); install a driver "
+                f"that supports {name} to boot it")
+    return (f"set prepare.pin_kernel so the host stage pins {pin_to} with proxmox-boot-tool, or install a driver "
+            f"that supports {name}")
+
+
+def _failed_build(kernel: dict[str, Any], listed: list[dict[str, Any]], version: str, boot: str | None,
+                  pin_kernel: bool, pin_to: str | None) -> list[Finding]:
+    name = kernel["version"]
+    log = "; ".join(kernel.get("make_log") or []) or "make.log is empty"
+    detail = f"the DKMS build of {version} for {name} failed: {log}"
+    if name != boot:
+        build = Finding("dkms_build", FAIL, detail + f" ({name} does not boot next)",
+                        f"install a driver that supports {name} before booting it")
+    else:  # the next reboot loses the GPUs unless the stage may pin a kernel that has the module
+        build = Finding("dkms_build", FAIL, detail, _pin_fix(name, version, pin_kernel, pin_to),
+                        blocking=pin_to is None or not pin_kernel)
+    # The usual cause: a kernel newer than the driver supports (symbols it uses were removed).
+    # The facts list the kernels oldest first (module_utils/kernels.py sorts them like sort -V).
+    position = [k["version"] for k in listed].index(name)
+    older = [k["version"] for k in listed[:position] if _has_module(k)]
+    if not older:
+        return [build]
+    support = Finding("kernel_support", FAIL, f"kernel {name} is newer than driver {version} supports "
+                      f"(its DKMS build failed; {older[-1]} has the module)",
+                      f"install a driver release that supports {name}, or keep booting {older[-1]}")
+    return [build, support]
+
+
 def evaluate(facts: dict[str, Any], expect: Expectations) -> list[Finding]:
-    return [
+    found = [
         check_os(facts),
         *check_gpus(facts, expect),
         *check_driver(facts, expect),
@@ -163,6 +259,9 @@ def evaluate(facts: dict[str, Any], expect: Expectations) -> list[Finding]:
         check_persistenced(facts),
         check_nodes(facts),
     ]
+    if "kernels" in facts:
+        found.extend(check_kernels(facts["kernels"], expect.pin_kernel))
+    return found
 
 
 def as_dicts(findings: list[Finding]) -> list[dict[str, Any]]:

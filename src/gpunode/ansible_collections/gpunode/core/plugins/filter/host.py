@@ -1,4 +1,5 @@
-"""Filters for the host stage; the logic lives in gpunode.host.vfio (plain, tested Python).
+"""Filters for the host stage; the logic lives in gpunode.host.vfio and gpunode.host.reboot (plain,
+tested Python).
 
 They run on the controller, with gpunode's own interpreter.
 """
@@ -11,10 +12,12 @@ from typing import Any
 from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
+    from gpunode.host.reboot import pin_candidate, reboot_safety
     from gpunode.host.vfio import nvidia_ids_in, release_cmdline, release_modprobe
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
     nvidia_ids_in = release_cmdline = release_modprobe = None  # type: ignore[assignment]
+    pin_candidate = reboot_safety = None  # type: ignore[assignment]
 else:
     IMPORT_ERROR = None
 
@@ -25,4 +28,6 @@ class FilterModule:
             "release_modprobe": release_modprobe,
             "release_cmdline": release_cmdline,
             "nvidia_vfio_ids": nvidia_ids_in,
+            "kernel_to_pin": pin_candidate,
+            "reboot_safety": reboot_safety,
         }, IMPORT_ERROR)

@@ -7,7 +7,8 @@ module: gpu_host_findings
 short_description: Evaluate a GPU host's facts into findings, failing on blocking ones
 description:
   - Turns the facts of M(gpunode.core.nvidia_host_facts) into named findings (os, gpus, gpu_binding, driver,
-    open_module, iommu, hmm, persistenced, device_nodes), each with its fix.
+    open_module, iommu, hmm, persistenced, device_nodes; and per kernel kernel_module, kernel_headers,
+    dkms_build, kernel_support when the facts hold C(kernels)), each with its fix.
   - Fails, before anything is changed, when a finding is blocking (something the host stage cannot fix by itself).
   - Runs on the controller with gpunode's interpreter (it imports the gpunode package).
 version_added: 0.1.0
@@ -42,6 +43,10 @@ options:
     default: true
   installer:
     description: A driver installer is configured, so a missing or wrong driver is not blocking.
+    type: bool
+    default: false
+  pin_kernel:
+    description: The host stage may pin a kernel the module is built for, so a failed DKMS build for the kernel that boots next is not blocking.
     type: bool
     default: false
 """
@@ -85,6 +90,7 @@ def main() -> None:
             "release_vfio": {"type": "bool", "default": True},
             "persistenced": {"type": "bool", "default": True},
             "installer": {"type": "bool", "default": False},
+            "pin_kernel": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -96,7 +102,7 @@ def _run(module: AnsibleModule) -> None:
 
     p = module.params
     expect = Expectations(p["driver_version"], p["open_module"], p["disable_hmm"], p["release_vfio"],
-                          p["persistenced"], p["installer"])
+                          p["persistenced"], p["installer"], p["pin_kernel"])
     findings = evaluate(p["facts"], expect)
     summary = "\n".join(f.line() for f in findings)
     blocking = [f for f in findings if f.blocking]

@@ -22,6 +22,13 @@ options:
     description: Directory holding the NVIDIA device nodes.
     type: path
     default: /dev
+  driver_version:
+    description:
+      - The driver whose DKMS module is looked for per installed kernel (C(/boot/vmlinuz-*), headers from dpkg's
+        status, DKMS's tree under C(/var/lib/dkms), the module under C(/lib/modules/<kernel>/updates/dkms)).
+      - Empty means the newest version registered with DKMS.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -39,20 +46,22 @@ facts:
   description:
     - The host's state, key by key, as gpunode.host.findings reads it.
     - C(driver) (loaded, version, open module), C(uvm) (HMM disabled or not), C(gpus) (PCI address, id, bound driver),
-      C(kernel) (command line, IOMMU), C(os), C(modprobe) (lines configuring vfio or nvidia), C(persistenced), C(devices).
+      C(kernel) (command line, IOMMU), C(os), C(modprobe) (lines configuring vfio or nvidia), C(persistenced), C(devices),
+      C(kernels) (the installed kernels, the one that boots next and why, headers and the NVIDIA module per kernel).
   returned: always
   type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils import guard
+from ansible_collections.gpunode.core.plugins.module_utils import guard, kernels
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_host import gather
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"}},
+        argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"},
+                       "driver_version": {"type": "str", "default": ""}},
         supports_check_mode=True,
     )
     guard.run(module, "nvidia_host_facts", _run)
@@ -61,6 +70,8 @@ def main() -> None:
 def _run(module: AnsibleModule) -> None:
     facts = gather(module.params["facts_root"], config_root="/")
     facts["devices"] = scan(module.params["dev_root"], try_open=False)
+    # Kernels are configuration (what boots next): read under /, like dpkg's status.
+    facts["kernels"] = kernels.gather("/", module.params["facts_root"], version=module.params["driver_version"])
     module.exit_json(changed=False, facts=facts)
 
 
