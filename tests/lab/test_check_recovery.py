@@ -141,10 +141,12 @@ def repaired_after(gpunode, request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.mark.parametrize("name,breakage,layer,check_name", SCENARIOS, ids=[s[0] for s in SCENARIOS])
 def test_check_names_it_and_provision_repairs_it(gpunode, converged: None, repaired_after: None, name: str,
                                                  breakage: Callable[[], None], layer: str, check_name: str) -> None:
-    rc, healthy = check(gpunode)
+    # The scenario's layer before and after the breakage (each layer alone is a third of a full check);
+    # the whole node after the repair.
+    rc, healthy = check(gpunode, layer)
     assert rc == 0, failing(healthy)
     breakage()
-    rc, broken = check(gpunode)
+    rc, broken = check(gpunode, layer)
     assert rc == 1
     assert (layer, check_name) in failing(broken), failing(broken)
     message = next(r["message"] for r in broken["results"] if (r["layer"], r["check"]) == (layer, check_name))
@@ -241,7 +243,7 @@ def upgrade_host_driver(old: str, new: str) -> None:
 def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp_path: Path) -> None:
     hosts = tmp_path / "host.yml"
     hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', f'version: "{NEW_DRIVER}"'))
-    rc, healthy = check(gpunode)
+    rc, healthy = check(gpunode, "host", "container", "inside")
     assert rc == 0, failing(healthy)
     upgrade_host_driver("580.159.04", NEW_DRIVER)
     try:

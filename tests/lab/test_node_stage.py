@@ -35,6 +35,7 @@ def test_docker_runs_inside_and_the_handoff_shows_every_node(gpunode) -> None:
     seen = json.loads(in_node(f"docker run --rm {devices} gpunode/probe:bookworm-1 python3 -c \"{script}\"").stdout)
     expected = {name: list(numbers) for name, numbers in lab.device_nodes().items()}
     assert seen == expected
+    assert_host_driver_tree_mounted_read_only_and_on_the_loader_path()
     # Idempotent: the second run changes nothing (runner stats).
     rc, second, _ = provision(gpunode)
     assert rc == 0 and not second["stats"].get("changed"), second["stats"]
@@ -68,9 +69,7 @@ def test_toolkit_path_reports_an_unreachable_repository_clearly(gpunode, tmp_pat
     assert "Request failed" in failure["message"]
 
 
-def test_host_driver_tree_is_mounted_read_only_and_on_the_loader_path(gpunode) -> None:
-    rc, _, stderr = provision(gpunode)
-    assert rc == 0, stderr
+def assert_host_driver_tree_mounted_read_only_and_on_the_loader_path() -> None:
     mount = in_node("findmnt", "-no", "OPTIONS,SOURCE", "/usr/local/nvidia").stdout
     assert mount.split(",")[0] == "ro" and "/var/lib/gpunode/nvidia/580.159.04" in mount, mount
     assert in_node("touch", "/usr/local/nvidia/lib64/x").returncode != 0, "the mounted tree must be read-only"
