@@ -243,7 +243,8 @@ class FakeRestarts:
 
 
 def test_ab_restarts_once_per_value_and_puts_the_sweeps_side_by_side(tmp_path: Path) -> None:
-    restarts = FakeRestarts(tmp_path, {"flashinfer_cutlass": "0.001", "flashinfer_cutedsl": "0.005"})
+    # 10x apart, so that the change stays far past the thresholds on a loaded machine.
+    restarts = FakeRestarts(tmp_path, {"flashinfer_cutlass": "0.001", "flashinfer_cutedsl": "0.01"})
     results, out = tmp_path / "results", io.StringIO()
     try:
         code = bench(None, "glm-5", [1, 4], 16, 8, runner_for(tmp_path), ReplaySampler(recorded_phase("idle")),
