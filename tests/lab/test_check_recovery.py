@@ -335,5 +335,7 @@ def test_failed_dkms_build_for_the_next_kernel_stops_the_stage(gpunode, converge
         assert "prepare.pin_kernel" in failure["message"]
         assert not json.loads(result.stdout)["stats"].get("changed"), "a blocking finding changes nothing"
     finally:
+        # The failed build's log goes too: DKMS keeps it until the next build, and it names this kernel.
         on(lab.HOST_CONTAINER_IP, f"test -e {STANDIN_SOURCE}.orig && mv {STANDIN_SOURCE}.orig {STANDIN_SOURCE}; "
+           f"rm -rf /var/lib/dkms/{labkernels.MODULE}/{labkernels.VERSION}/build; "
            + labkernels.remove_kernel(new_kernel))
