@@ -26,6 +26,7 @@ from pathlib import Path
 
 import docker
 
+from gpunode import handoff
 from gpunode.paths import checkout_root
 
 BASE_TAG = "gpunode-test/python-base:bookworm-1"
@@ -76,8 +77,8 @@ def build_base(client: docker.DockerClient) -> None:
 # driver arrives at /usr/local/nvidia.
 DOCKERFILE = (f"FROM {BASE_TAG}\nCOPY fakes/ {IN_IMAGE}/\n"
               f"ENV PYTHONUNBUFFERED=1 PYTHONPATH={IN_IMAGE}/shim "
-              "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin "
-              "LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n")
+              f"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{handoff.MOUNT_POINT}/bin "
+              f"LD_LIBRARY_PATH={handoff.MOUNT_POINT}/lib64\n")
 
 
 def fake_tag() -> str:

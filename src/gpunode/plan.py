@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode import profiles
+from gpunode.handoff import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
 from gpunode.hostfile import Container, Host, HostFile, Image
 from gpunode.stages import STAGES
 
@@ -107,15 +108,12 @@ def host_changes(host: Host) -> list[str]:
                    "never pins a kernel (prepare.pin_kernel): if the module cannot be built for the kernel that boots "
                    "next, the stage stops before any change")
     if host.container.gpu_handoff == "host-driver":
-        changes.append(f"the loaded driver's user space as a tree in {DRIVER_TREE_ROOT}/<version> (one per version; "
+        changes.append(f"the loaded driver's user space as a tree in {TREE_ROOT}/<version> (one per version; "
                        "the container stage removes those no container mounts)")
     if prep.allow_module_reload:
         changes.append("nvidia_uvm reloaded when its options change")
     changes.append("reboot when needed" if prep.allow_reboot else "never reboots: reports 'reboot needed' instead")
     return changes
-
-
-DRIVER_TREE_ROOT = "/var/lib/gpunode/nvidia"
 
 
 def handoff(host: Host) -> dict[str, Any]:
@@ -129,16 +127,16 @@ def handoff(host: Host) -> dict[str, Any]:
                 "layers": [f"host: NVIDIA driver {version} (kernel module and user space)",
                            f"container: devN nodes + NVIDIA's user space {version} installed from its .run",
                            "Docker: the nvidia runtime (--gpus), no-cgroups = true for LXC"]}
-    tree = f"{DRIVER_TREE_ROOT}/{version}"
+    tree = f"{TREE_ROOT}/{version}"
     return {"kind": "host-driver",
             "why": "default: the host's own user space, shared read-only down the chain; nothing to download from "
                    "NVIDIA and nothing that can drift from the kernel module",
-            "mount": f"{tree},mp=/usr/local/nvidia,ro=1",
+            "mount": f"{tree},mp={MOUNT_POINT},ro=1",
             "layers": [f"host: NVIDIA driver {version}; its user space under its SONAMEs in {tree}/{{lib64,bin}} "
                        "(hard links, built by the host stage)",
-                       "container: devN nodes + that tree read-only at /usr/local/nvidia (an mpN mount point), "
+                       f"container: devN nodes + that tree read-only at {MOUNT_POINT} (an mpN mount point), "
                        "lib64 on the loader's path; nothing installed",
-                       "Docker: /etc/cdi/gpunode.json (nodes + each file read-only) through CDI on Docker 25+, "
+                       f"Docker: {CDI_SPEC_FILE} (nodes + each file read-only) through CDI on Docker 25+, "
                        "else the same list as --device and read-only mounts (Debian 12's Docker 20.10)"]}
 
 

@@ -89,7 +89,7 @@ def test_build_is_idempotent_links_files_and_writes_a_manifest(host: Path, tmp_p
     assert cuda.is_file() and not cuda.is_symlink()
     assert os.path.samefile(cuda, host / "usr" / "lib" / "x86_64-linux-gnu" / f"libcuda.so.{VERSION}")
     assert driver_tree.build(plan, str(host), str(dest)) == []
-    manifest = driver_tree.read_manifest(str(tree))
+    manifest = json.loads((tree / driver_tree.MANIFEST).read_text())
     assert manifest["version"] == VERSION and "libcuda.so.1" in manifest["libraries"]
     assert manifest["sources"]["bin/nvidia-smi"] == "/usr/bin/nvidia-smi"
     (tree / "lib64" / "libstale.so.1").write_text("left by hand")

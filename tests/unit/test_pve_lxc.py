@@ -401,7 +401,7 @@ TREE_V2 = "/var/lib/gpunode/nvidia/580.172.08"
 
 
 def driver(tree: str) -> dict[str, str]:
-    return {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(tree, lxc.DRIVER_MOUNT_POINT)}
+    return lxc.driver_mount(tree)
 
 
 def test_driver_mount_is_hot_plugged_then_left_alone(fakepve: Any, conn: Connection) -> None:

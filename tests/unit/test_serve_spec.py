@@ -180,6 +180,21 @@ def test_gpu_handoff_without_docker_cdi_is_the_same_list_by_hand() -> None:
         docker_run.choose_gpu_handoff({}, "all", local=False)
 
 
+def test_the_handoff_as_docker_run_arguments_is_the_same_list() -> None:
+    """The node stage's probes and the checks start containers with these; serve with the SDK kwargs."""
+    by_hand = docker_run.choose_gpu_handoff({}, [1], local=False, cdi_spec=CDI_SPEC)
+    assert by_hand.cli_args() == [
+        "--device=/dev/nvidia1:/dev/nvidia1:rwm", "--device=/dev/nvidiactl:/dev/nvidiactl:rwm",
+        "--device=/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
+        "--volume=/usr/local/nvidia/lib64/libcuda.so.1:/usr/local/nvidia/lib64/libcuda.so.1:ro",
+        "--volume=/usr/local/nvidia/bin/nvidia-smi:/usr/local/nvidia/bin/nvidia-smi:ro"]
+    assert [f"--device={d}" for d in by_hand.docker_kwargs()["devices"]] == by_hand.cli_args()[:3]
+    cdi = docker_run.choose_gpu_handoff({"CDISpecDirs": ["/etc/cdi"]}, "all", local=False, cdi_spec=CDI_SPEC)
+    assert cdi.cli_args() == ["--device=gpunode.io/gpu=all"]
+    assert specs.GpuHandoff.runtime([0, 3]).cli_args() == ["--gpus", "device=0,3"]
+    assert specs.GpuHandoff.runtime("all").cli_args() == ["--gpus", "all"]
+
+
 def test_gpu_handoff_falls_back_to_device_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(docker_run, "CDI_SPEC_FILE", str(tmp_path / "no-such-spec.json"))
     make_nodes(tmp_path, ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"])

@@ -104,9 +104,21 @@ def host_facts(host: Any, hostvars: dict[str, Any], _reach: dict[str, str | None
     return facts
 
 
+# A host's kernel facts, read once per run: when the checks are collected (one test per kernel),
+# then used by the host's facts.
+_KERNELS: dict[str, dict[str, Any]] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _KERNELS.clear()  # `gpunode check` may run pytest more than once in one process
+
+
 def _kernels(host: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
-    return dict(_remote_python(host, "kernels", f"gather('/', {hostvars['gpunode_facts_root']!r}, "
-                                                f"version={hostvars['gpunode_driver_version']!r})"))
+    name = host.backend.get_pytest_id()
+    if name not in _KERNELS:
+        _KERNELS[name] = dict(_remote_python(host, "kernels", f"gather('/', {hostvars['gpunode_facts_root']!r}, "
+                                                              f"version={hostvars['gpunode_driver_version']!r})"))
+    return _KERNELS[name]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -129,7 +141,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             continue
         try:
             found.update(k["version"] for k in _kernels(host, variables)["kernels"])
-        except BaseException:  # a failed read is reported by the host's other checks
+        except (Exception, pytest.fail.Exception):  # a failed read is reported by the host's other checks
             continue
     metafunc.parametrize("kernel", sorted(found) or ["no-kernel-found"])
 

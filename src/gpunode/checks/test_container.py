@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
+from gpunode import handoff
 from gpunode.pve import lxc
 from gpunode.pve.client import Connection, PveClient
-
-DRIVER_TREE_ROOT = "/var/lib/gpunode/nvidia"
 
 
 @pytest.fixture
@@ -79,8 +78,7 @@ def test_container_config_matches(group: str, pve_host: Any, api: PveClient, hos
         version = host_facts["driver"]["version"]
         if not version:
             pytest.fail("no NVIDIA module loaded on the host: there is no driver tree to mount")
-        tree = f"{DRIVER_TREE_ROOT}/{version}"
-        desired = {**desired, **lxc.place_mounts(live, {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(tree, lxc.DRIVER_MOUNT_POINT)})}
+        desired = {**desired, **lxc.place_mounts(live, lxc.driver_mount(f"{handoff.TREE_ROOT}/{version}"))}
     changes = [c for c in lxc.compare(live, desired) if _group(c.key) == group]
     assert not changes, "differs from the host file: " + "; ".join(
         f"{c.key}: live {c.before!r}, want {c.after!r}" for c in changes) + \

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import handoff
 from gpunode.checks.conftest import unit_log_tail
 from gpunode.node.userspace import installed_versions, module_version
 
@@ -52,8 +53,8 @@ def test_docker_running(gpu_node: Any) -> None:
         f"Docker is not running; last journal lines: {unit_log_tail(gpu_node, 'docker')} -> run `gpunode provision --tags node`"
 
 
-DRIVER_MOUNT = "/usr/local/nvidia"
-CDI_SPEC = "/etc/cdi/gpunode.json"
+DRIVER_MOUNT = handoff.MOUNT_POINT
+CDI_SPEC = handoff.CDI_SPEC_FILE
 FIX_RESTART = "restart the container so it mounts the host's current tree: `gpunode provision --restart-container`"
 
 
@@ -67,9 +68,7 @@ def _handoff_args(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[st
     from gpunode.serve.docker_run import from_cdi_spec
 
     handoff = from_cdi_spec(json.loads(spec.content_string), hostvars["gpunode_node_gpus"])
-    return " ".join([f"--device={outside}" for outside, _inside in handoff.nodes]
-                    + [f"--volume={outside}:{inside}:ro" for outside, inside in handoff.binds]
-                    + [f"-e LD_LIBRARY_PATH={DRIVER_MOUNT}/lib64"])
+    return " ".join(handoff.cli_args() + [f"-e LD_LIBRARY_PATH={DRIVER_MOUNT}/lib64"])
 
 
 def test_gpu_handoff_to_docker(gpu_node: Any, hostvars: dict[str, Any], node_devices: dict[str, Any]) -> None:

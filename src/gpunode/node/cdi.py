@@ -16,11 +16,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeAlias
 
+from gpunode import handoff
+
 # 0.5.0 is the first version that allows a device name starting with a digit ("0", "1", ...).
 CDI_VERSION = "0.5.0"
 # Our own vendor: never collides with a spec NVIDIA's toolkit may have written as nvidia.com/gpu.
-KIND = "gpunode.io/gpu"
-ROOT = "/usr/local/nvidia"
+KIND = handoff.CDI_KIND
+ROOT = handoff.MOUNT_POINT
 
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 REQUIRED_CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunode import handoff
 from gpunode.pve.client import PveClient, PveError, PveUnreachable, TaskFailed
 
 DEV_KEY = re.compile(r"^dev\d+$")
 MP_KEY = re.compile(r"^mp\d+$")
-DRIVER_MOUNT_POINT = "/usr/local/nvidia"  # where the host's NVIDIA user space appears in the container
 MAX_MP = 256  # mp0..mp255 (pve-container's MAX_MOUNT_POINTS)
 # Written only at creation (Proxmox keeps no record of them in the config).
 CREATE_ONLY = ("ostemplate", "ssh-public-keys", "vmid")
@@ -190,6 +190,11 @@ def compare(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Change]
 def bind_mount(source: str, target: str, read_only: bool = True) -> str:
     """An mpN value for a host directory bind-mounted into the container."""
     return f"{source},mp={target}" + (",ro=1" if read_only else "")
+
+
+def driver_mount(tree: str) -> dict[str, str]:
+    """The host's driver tree, read-only at handoff.MOUNT_POINT: ``mounts`` for ensure()."""
+    return {handoff.MOUNT_POINT: bind_mount(tree, handoff.MOUNT_POINT)}
 
 
 def place_mounts(live: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, str]:

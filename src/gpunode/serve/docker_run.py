@@ -24,6 +24,7 @@ from typing import Any, Literal
 import docker
 from docker.models.containers import Container
 
+from gpunode import handoff
 from gpunode.serve import spec as specs
 from gpunode.serve.diagnose import Diagnosis, diagnose_docker_error
 from gpunode.serve.readiness import ProcessState
@@ -71,7 +72,7 @@ def gpu_node_paths(dev_root: Path, gpus: str | list[int]) -> list[str]:
     return paths
 
 
-CDI_SPEC_FILE = "/etc/cdi/gpunode.json"  # written by the node stage
+CDI_SPEC_FILE = handoff.CDI_SPEC_FILE
 
 
 def cdi_enabled(info: Mapping[str, Any]) -> bool:

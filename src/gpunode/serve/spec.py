@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
+from gpunode import handoff
+
 CONTAINER_NAME = "gpunode-sglang"
 LABEL_ROLE = "io.gpunode.role"
 LABEL_HASH = "io.gpunode.config-hash"
@@ -47,8 +49,6 @@ LISTEN_INSIDE = "0.0.0.0"
 STACK_BYTES = 64 * 1024 * 1024
 
 
-DRIVER_MOUNT = "/usr/local/nvidia"  # the host's driver tree in the LXC container, and in the server's
-CDI_KIND = "gpunode.io/gpu"  # the node stage's CDI spec (/etc/cdi/gpunode.json); not NVIDIA's kind
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class GpuHandoff:
     @classmethod
     def cdi(cls, gpus: str | Sequence[int]) -> GpuHandoff:
         names = ("all",) if gpus == "all" else tuple(str(g) for g in gpus)
-        return cls("cdi", tuple(f"{CDI_KIND}={name}" for name in names))
+        return cls("cdi", tuple(f"{handoff.CDI_KIND}={name}" for name in names))
 
     @classmethod
     def device_nodes(cls, paths: Sequence[str], dev_root: str = "/dev",
@@ -90,6 +90,16 @@ class GpuHandoff:
         if self.kind == "cdi":
             return {"device_requests": [DeviceRequest(driver="cdi", device_ids=list(self.device_ids))]}
         return {"devices": [f"{outside}:{inside}:rwm" for outside, inside in self.nodes]}
+
+    def cli_args(self) -> list[str]:
+        """The same hand-off as `docker run` arguments (the node stage's probes and the checks
+        start their containers so)."""
+        if self.kind == "runtime":
+            return ["--gpus", "device=" + ",".join(self.device_ids) if self.device_ids else "all"]
+        if self.kind == "cdi":
+            return [f"--device={name}" for name in self.device_ids]
+        return ([f"--device={outside}:{inside}:rwm" for outside, inside in self.nodes]
+                + [f"--volume={outside}:{inside}:ro" for outside, inside in self.binds])
 
     def run_kwargs(self) -> dict[str, Any]:
         """docker_kwargs plus the driver's files, for a container with no mounts of its own."""

@@ -20,7 +20,6 @@ import shutil
 
 TREE_ROOT = "/var/lib/gpunode/nvidia"
 MANIFEST = "gpunode-tree.json"
-MOUNT_POINT = "/usr/local/nvidia"  # where the container (and the server container) see the tree
 LD_CACHE = "/etc/ld.so.cache"
 VERSION_FILE = "/sys/module/nvidia/version"
 # What NVIDIA's own container tooling hands in besides the libraries (FIELD-NOTES s9); those the
@@ -103,9 +102,9 @@ def plan(entries: list[tuple[str, str]], version: str, root: str = "/",
     binaries: dict[str, str] = {}
     for name in BINARIES:
         for folder in bin_dirs:
-            path = f"{folder}/{name}"
-            if os.path.isfile(_under(root, resolve(root, path))):
-                binaries[name] = resolve(root, path)
+            real = resolve(root, f"{folder}/{name}")
+            if os.path.isfile(_under(root, real)):
+                binaries[name] = real
                 break
     return {"version": version, "libraries": dict(sorted(libraries.items())), "binaries": binaries}
 
@@ -184,15 +183,6 @@ def trees(dest: str = TREE_ROOT) -> list[str]:
     if not os.path.isdir(dest):
         return []
     return sorted(name for name in os.listdir(dest) if os.path.isfile(os.path.join(dest, name, MANIFEST)))
-
-
-def read_manifest(tree: str) -> dict[str, object] | None:
-    try:
-        with open(os.path.join(tree, MANIFEST), encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def prune(keep: list[str], dest: str = TREE_ROOT, check_mode: bool = False) -> list[str]:

@@ -299,7 +299,7 @@ def _run(module: AnsibleModule) -> None:
         ca_file=p["ca_file"], fingerprint=p["fingerprint"], task_timeout_s=float(p["task_timeout_s"]),
     )
     client = PveClient(conn)
-    mounts = {lxc.DRIVER_MOUNT_POINT: lxc.bind_mount(p["driver_tree"], lxc.DRIVER_MOUNT_POINT)} if p["driver_tree"] else {}
+    mounts = lxc.driver_mount(p["driver_tree"]) if p["driver_tree"] else {}
     try:
         result = lxc.ensure(client, p["node"], desired, check_mode=module.check_mode,
                             allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"],
