@@ -40,7 +40,8 @@ def test_spec_runs_the_plans_command_with_the_profile_env(host: Host) -> None:
     assert pairs["--host"] == "0.0.0.0"
     assert spec["ports"] == {"30000/tcp": ("127.0.0.1", 30000)}
     assert [a for a in command if a != "0.0.0.0"] == [a for a in launch.argv if a != "127.0.0.1"]
-    assert spec["environment"] == launch.env and spec["environment"]["HF_HUB_OFFLINE"] == "1"
+    assert spec["environment"] == {**launch.env, "FLASHINFER_WORKSPACE_BASE": "/var/cache/gpunode"}
+    assert spec["environment"]["HF_HUB_OFFLINE"] == "1"
 
 
 def test_spec_hands_gpus_shares_ipc_and_sizes_ulimits_for_nccl(host: Host) -> None:
@@ -52,9 +53,12 @@ def test_spec_hands_gpus_shares_ipc_and_sizes_ulimits_for_nccl(host: Host) -> No
     assert spec["restart_policy"] == {"Name": "unless-stopped"}
     (request,) = spec["device_requests"]
     assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
-    (mount,) = spec["mounts"]
-    assert (mount["Source"], mount["Target"], mount["Type"], mount["ReadOnly"]) == (
+    model, cache = spec["mounts"]
+    assert (model["Source"], model["Target"], model["Type"], model["ReadOnly"]) == (
         "/models/GLM-5-NVFP4", "/model", "bind", True)
+    # FlashInfer's JIT cache outlives the container: a named volume per server container.
+    assert (cache["Source"], cache["Target"], cache["Type"], cache["ReadOnly"]) == (
+        "gpunode-sglang-jit-cache", "/var/cache/gpunode", "volume", False)
     assert spec["log_config"]["Config"]["max-size"] == "100m"
 
 
@@ -172,7 +176,7 @@ def test_gpu_handoff_without_docker_cdi_is_the_same_list_by_hand() -> None:
     assert [inside for _o, inside in every.nodes][:2] == ["/dev/nvidia0", "/dev/nvidia1"]
     spec = specs.container_spec(image=IMAGE, argv=["python3"], env={}, model_dir="/m", bind="127.0.0.1", port=1,
                                 gpus=picked)
-    assert [m["Target"] for m in spec["mounts"]] == ["/model", "/usr/local/nvidia/lib64/libcuda.so.1",
+    assert [m["Target"] for m in spec["mounts"]] == ["/model", "/var/cache/gpunode", "/usr/local/nvidia/lib64/libcuda.so.1",
                                                     "/usr/local/nvidia/bin/nvidia-smi"]
     with pytest.raises(docker_run.ServeError, match="no device 5"):
         docker_run.choose_gpu_handoff({}, [5], local=False, cdi_spec=CDI_SPEC)

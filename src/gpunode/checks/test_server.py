@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import docker_inspect, quote
-from gpunode.serve.spec import API_KEY_CONFIG, container_argv
+from gpunode.serve.spec import API_KEY_CONFIG, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
 
 FIX = "run `gpunode provision --tags serve`"
 LOG_LINES = 8
@@ -81,6 +81,16 @@ def test_server_command_line(gpu_node: Any, hostvars: dict[str, Any]) -> None:
     want = container_argv(hostvars["gpunode_server_argv"], bool(hostvars.get("gpunode_server_api_key_file")))
     have = container["Config"]["Cmd"]
     assert have == want, f"the server runs {' '.join(have)}; the host file means {' '.join(want)} -> {FIX}"
+
+
+def test_server_keeps_its_jit_cache_in_a_volume(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    """What FlashInfer compiles at run time (outside the image's ahead-of-time set) survives a restart."""
+    container = _running(gpu_node, hostvars)
+    volume = jit_cache_volume(hostvars["gpunode_server_container"])
+    mounts = {m.get("Destination"): m for m in container.get("Mounts", [])}
+    found = mounts.get(JIT_CACHE_MOUNT)
+    assert found is not None and found.get("Type") == "volume" and found.get("Name") == volume, \
+        f"{JIT_CACHE_MOUNT} in the server is {found or 'not mounted'}, not the volume {volume} -> {FIX}"
 
 
 def test_server_healthy(gpu_node: Any, hostvars: dict[str, Any]) -> None:

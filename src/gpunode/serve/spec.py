@@ -14,6 +14,9 @@ Choices, each for a reason:
 * ``init=True``: sglang forks schedulers and a detokenizer; tini reaps them and passes signals on.
 * The model directory bind-mounted read-only at /model (a ``Mount``: a missing source is an error
   rather than an empty directory Docker made up).
+* A named volume, ``<name>-jit-cache``, holds FlashInfer's workspace (its JIT cache,
+  ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``): a kernel compiled at run time, outside the
+  set the image built ahead of time, is compiled once per node rather than once per container.
 * Port published on the host file's ``bind`` address only; inside its own network namespace the
   server listens on 0.0.0.0, which nothing outside reaches except through that one binding.
 * The API key never appears in the command line, the environment or ``docker inspect``: sglang
@@ -47,6 +50,13 @@ MODEL_MOUNT = "/model"
 API_KEY_CONFIG = "/run/gpunode/sglang-api-key.yaml"  # sglang wants a .yaml/.yml suffix
 LISTEN_INSIDE = "0.0.0.0"
 STACK_BYTES = 64 * 1024 * 1024
+JIT_CACHE_MOUNT = "/var/cache/gpunode"
+JIT_CACHE_ENV = {"FLASHINFER_WORKSPACE_BASE": JIT_CACHE_MOUNT}
+
+
+def jit_cache_volume(name: str) -> str:
+    """The named volume of a server container's JIT caches: it outlives the container."""
+    return f"{name}-jit-cache"
 
 
 
@@ -179,8 +189,9 @@ def container_spec(
         "command": container_argv(argv, api_key),
         "name": name,
         "detach": True,
-        "environment": dict(sorted(env.items())),
-        "mounts": [Mount(target=MODEL_MOUNT, source=str(model_dir), type="bind", read_only=True), *gpus.mounts()],
+        "environment": dict(sorted({**JIT_CACHE_ENV, **env}.items())),
+        "mounts": [Mount(target=MODEL_MOUNT, source=str(model_dir), type="bind", read_only=True),
+                   Mount(target=JIT_CACHE_MOUNT, source=jit_cache_volume(name), type="volume"), *gpus.mounts()],
         "ports": {f"{port}/tcp": (bind, port)},
         "ipc_mode": ipc_mode,
         "ulimits": [Ulimit(name="memlock", soft=memlock_bytes, hard=memlock_bytes),
