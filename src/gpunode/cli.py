@@ -281,7 +281,7 @@ def serve(
     from gpunode.plan import image_tag
     from gpunode.serve.command import serve as run_serve
 
-    raise typer.Exit(run_serve(chosen, image or image_tag(chosen.image), docker_url, _err(), timeout))
+    raise typer.Exit(run_serve(chosen, image or image_tag(chosen), docker_url, _err(), timeout))
 
 
 @app.command()
@@ -361,13 +361,14 @@ def image_build(
     chosen = _one_host(path, host)
     from gpunode.engine import EngineUnreachable, forward
     from gpunode.image import BuildError, build
+    from gpunode.plan import aot_plan
 
     try:
         if docker_url or chosen.image.build_on == "local":
-            result = build(chosen.image, docker_url, _err(), force=force)
+            result = build(chosen.image, docker_url, _err(), force=force, aot=aot_plan(chosen))
         else:
             with forward(chosen.container.reach) as fw:
-                result = build(chosen.image, fw.docker_url, _err(), force=force)
+                result = build(chosen.image, fw.docker_url, _err(), force=force, aot=aot_plan(chosen))
     except (BuildError, EngineUnreachable) as exc:
         _die(1, [str(exc)])
     typer.echo(f"{result.tag} ({'built in %.0f s' % result.seconds if result.built else 'present, not rebuilt'})")
@@ -381,15 +382,18 @@ def image_verify(
     docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="engine holding the image")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
 ) -> None:
-    """Check inside the image, without a GPU: pins, CUDA 12.8, nvcc, patches, sm_120 kernels, and the
-    server's flags through sglang's own parser. Exit 0 all pass, 1 a finding failed, 2 bad input."""
+    """Check inside the image, without a GPU: pins, CUDA 12.8, nvcc (and that it compiles for the GPUs'
+    arch), patches, sm_120 kernels, the FlashInfer modules built ahead of time (those the host file's
+    profile asks for, else those the image records), and the server's flags through sglang's own
+    parser. Exit 0 all pass, 1 a finding failed, 2 bad input."""
     from gpunode.image import VerifyError, verify
     from gpunode.image.__main__ import default_launch_argv
-    from gpunode.plan import server_launch
+    from gpunode.plan import aot_plan, server_launch
 
-    argv = list(server_launch(_one_host(path, host)).argv) if path else default_launch_argv()
+    chosen = _one_host(path, host) if path else None
+    argv = list(server_launch(chosen).argv) if chosen else default_launch_argv()
     try:
-        report = verify(tag, argv, docker_url)
+        report = verify(tag, argv, docker_url, aot=aot_plan(chosen) if chosen else None)
     except VerifyError as exc:
         _die(1, [str(exc)])
     if as_json:
@@ -433,7 +437,7 @@ def bench(
     from gpunode.smoke.bench import DockerBenchRunner
 
     defaults = profile_defaults(chosen.server.profile)
-    tag = image_tag(chosen.image)
+    tag = image_tag(chosen)
     client = docker_client(docker_url)
     runner = DockerBenchRunner(client, tag, str(chosen.model.path))
     argv = list(server_launch(chosen).argv)

@@ -287,13 +287,33 @@ class ImagePins(Strict):
 
 class Image(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9]+([._/-][a-z0-9]+)*$")] = "gpunode/sglang"
-    base: Literal["debootstrap", "debian:bookworm-slim", "ubuntu:24.04", "nvidia/cuda:12.8.1-base-ubuntu24.04"] = "debootstrap"
+    # A base of images/sglang/bases.yml, optionally behind a registry mirror and pinned by digest.
+    # The default carries CUDA 12.8's nvcc, which FlashInfer needs for its SM120 kernels.
+    base: str = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
+    # base: the base's own CUDA toolchain (none for debootstrap); pypi-cuda-13.0: the lab's stand-in.
+    toolchain: Literal["base", "pypi-cuda-13.0"] = "base"
+    # The GPUs the image is built for: FlashInfer's kernels are compiled ahead of time for their arch.
+    gpu_model: Literal["RTX PRO 6000 Blackwell", "RTX 5090", "B200", "H200", "H100"] = "RTX PRO 6000 Blackwell"
+    # profile: compile the FlashInfer modules the server profile's launch uses at image build;
+    # none: leave them to FlashInfer's JIT at the first request; a list: those of the profile's only.
+    flashinfer_aot: Literal["profile", "none"] | list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")]] = "profile"
     build_on: Literal["node", "local"] = "node"
     ca_bundle: Path | None = None
     pins: ImagePins = ImagePins()
     # Lab only: the serve and smoke stages run the fake SGLang server's image (gpunode.labimage),
     # shipped to the node by the image stage, because the lab has no GPU to run the real one on.
     lab_stand_in: Literal["fake-sglang"] | None = None
+
+    @field_validator("base")
+    @classmethod
+    def _known_base(cls, value: str) -> str:
+        from gpunode.image import bases
+
+        try:
+            bases.parse(value)
+        except bases.BaseRefError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class Model(Strict):
@@ -395,6 +415,32 @@ class Host(Strict):
     def _stand_in_only_in_the_lab(self) -> Host:
         if self.image.lab_stand_in and not self.lab:
             raise ValueError("image.lab_stand_in runs a fake server: only a lab host (lab: true) may set it")
+        return self
+
+    @model_validator(mode="after")
+    def _lab_toolchain(self) -> Host:
+        from gpunode.image import bases
+
+        toolchain = bases.toolchains().get(self.image.toolchain)
+        if toolchain is not None and toolchain.lab_only and not self.lab:
+            raise ValueError(f"image.toolchain {toolchain.name} is a lab stand-in: only a lab host (lab: true) may set it")
+        return self
+
+    @model_validator(mode="after")
+    def _image_for_the_profile(self) -> Host:
+        from gpunode.image import aot
+
+        profile = profiles.load(self.server.profile)
+        arch = aot.gpu_arch(self.image.gpu_model)
+        if not arch.sm.startswith(profile.arch):
+            raise ValueError(f"image.gpu_model {self.image.gpu_model} is {arch.sm}, but profile {profile.name} "
+                             f"is for {profile.arch}")
+        if isinstance(self.image.flashinfer_aot, list):
+            known = [m.name for m in aot.profile_modules(profile, self.server.flags)]
+            unknown = [name for name in self.image.flashinfer_aot if name not in known]
+            if unknown:
+                raise ValueError(f"image.flashinfer_aot: {', '.join(unknown)} not among the profile's FlashInfer "
+                                 f"modules ({', '.join(known) or 'none'})")
         return self
 
     @model_validator(mode="after")

@@ -8,7 +8,10 @@ from typing import Any
 
 from gpunode import profiles
 from gpunode.handoff import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
-from gpunode.hostfile import Container, Host, HostFile, Image
+from gpunode.hostfile import Container, Host, HostFile
+from gpunode.image import aot, bases
+from gpunode.image.aot import AotPlan
+from gpunode.serve.spec import CONTAINER_NAME, JIT_CACHE_MOUNT, jit_cache_volume
 from gpunode.stages import STAGES
 
 # Device nodes every GPU container needs besides one /dev/nvidiaN per GPU (FIELD-NOTES s2).
@@ -140,11 +143,59 @@ def handoff(host: Host) -> dict[str, Any]:
                        "else the same list as --device and read-only mounts (Debian 12's Docker 20.10)"]}
 
 
-def image_tag(image: Image) -> str:
-    """The image's content tag: one definition, gpunode.image's (base, pins, lock, patches, template)."""
+def aot_plan(host: Host) -> AotPlan:
+    """The FlashInfer modules the image builds ahead of time: the profile's launch on the host
+    file's GPUs, as far as the image's toolchain allows."""
+    profile = profiles.load(host.server.profile)
+    wanted = aot.profile_modules(profile, host.server.flags)
+    toolchain = bases.toolchain_for(host.image.base, host.image.toolchain)
+    return aot.plan_for(aot.gpu_arch(host.image.gpu_model), wanted, host.image.flashinfer_aot, toolchain is not None,
+                        host.image.base)
+
+
+def image_tag(host: Host) -> str:
+    """The image's content tag: one definition, gpunode.image's (base, pins, lock, patches, template,
+    toolchain, the modules built ahead of time)."""
     from gpunode.image.context import image_tag as content_tag
 
-    return content_tag(image)
+    return content_tag(host.image, aot=aot_plan(host))
+
+
+def image_section(host: Host) -> dict[str, Any]:
+    """The image as plan shows it: base and digest status, toolchain, target arch, the FlashInfer
+    modules built ahead of time (and what is left to the JIT), the JIT cache volume."""
+    image = host.image
+    base = bases.parse(image.base)
+    catalog = bases.base_of(image.base)
+    toolchain = bases.toolchain_for(image.base, image.toolchain)
+    if base.local:
+        digest = "none: made on the build engine with debootstrap (not from a registry)"
+    elif base.digest:
+        digest = f"pinned: {base.digest}"
+    else:
+        digest = ("unpinned tag: the digest pulled is recorded in the image's labels, a later build from a moved "
+                  "tag says so; pin with image.base: <name>@sha256:<digest>")
+    if toolchain is None:
+        toolchain_text = (f"none: base {base.name} has no nvcc; FlashInfer's SM120 kernels cannot be compiled, "
+                          "and image verify fails (fix: image.base nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04)")
+    else:
+        toolchain_text = f"{toolchain.name}: CUDA {toolchain.cuda} at {toolchain.cuda_home} ({toolchain.source})"
+        if toolchain.lab_only:
+            toolchain_text += f". LAB STAND-IN: {toolchain.why}"
+    planned = aot_plan(host)
+    built = {m.name for m in planned.modules}
+    return {
+        "tag": image_tag(host), "base": image.base, "base_why": catalog.why, "base_python": catalog.python,
+        "base_digest": digest, "toolchain": toolchain_text, "gpu_model": image.gpu_model,
+        "target_arch": planned.arch.cuda_arch,
+        "flashinfer_aot": [{"name": m.name, "group": m.group, "why": m.why,
+                            "ahead_of_time": m.name in built} for m in planned.wanted],
+        "flashinfer_aot_note": planned.note,
+        "jit_cache_volume": f"{jit_cache_volume(CONTAINER_NAME)} at {JIT_CACHE_MOUNT} (FlashInfer's workspace: "
+                            "what is compiled at run time survives a container restart)",
+        "build_on": image.build_on, "pins": image.pins.model_dump(), "server_image": server_image(host),
+        "lab_stand_in": image.lab_stand_in,
+    }
 
 
 def server_image(host: Host) -> str:
@@ -154,7 +205,7 @@ def server_image(host: Host) -> str:
         from gpunode.labimage import fake_tag
 
         return fake_tag()
-    return image_tag(host.image)
+    return image_tag(host)
 
 
 def server_launch(host: Host) -> profiles.Launch:
@@ -227,9 +278,7 @@ def plan_host(host: Host) -> HostPlan:
         container=container_config(host.container, host.name),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
         handoff=handoff(host),
-        image={"tag": image_tag(host.image), "base": host.image.base, "build_on": host.image.build_on,
-               "pins": host.image.pins.model_dump(), "server_image": server_image(host),
-               "lab_stand_in": host.image.lab_stand_in},
+        image=image_section(host),
         server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},

@@ -44,6 +44,18 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         console.print("\n[bold]Image[/bold]")
         console.print(f"  tag: {plan.image['tag']} (base {plan.image['base']}, built on {plan.image['build_on']})")
         console.print("  pins: " + ", ".join(f"{k} {v}" for k, v in plan.image["pins"].items()))
+        image = plan.image
+        console.print(f"  base: {escape(image['base'])} (Python {image['base_python']}; {escape(image['base_why'])})")
+        console.print(f"  base digest: {escape(image['base_digest'])}")
+        console.print(f"  toolchain: {escape(image['toolchain'])}")
+        console.print(f"  target: {image['gpu_model']}, arch {image['target_arch']}")
+        built = [m for m in image["flashinfer_aot"] if m["ahead_of_time"]]
+        console.print(f"  FlashInfer ahead of time: {len(built)} of the profile's {len(image['flashinfer_aot'])} modules"
+                      + (f" ({escape(image['flashinfer_aot_note'])})" if image["flashinfer_aot_note"] else ""))
+        for module in image["flashinfer_aot"]:
+            mark = "built" if module["ahead_of_time"] else "[yellow]JIT[/yellow]"
+            console.print(f"    {mark} {module['group']}: {module['name']}  [dim]# {escape(module['why'])}[/dim]")
+        console.print(f"  JIT cache: volume {escape(image['jit_cache_volume'])}")
         if plan.image["lab_stand_in"]:
             console.print(f"  [yellow]lab: the server runs the stand-in {plan.image['server_image']} (the fake SGLang "
                           "server; no GPU here), shipped to the node by the image stage[/yellow]")

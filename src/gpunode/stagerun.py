@@ -82,7 +82,7 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
 
     if host.image.lab_stand_in:
         return _stand_in_image(host, fw, check_mode)
-    tag = plan.image_tag(host.image)
+    tag = plan.image_tag(host)
     local = host.image.build_on == "local"
     node = docker_client(fw.docker_url)
     buffer = io.StringIO()
@@ -90,8 +90,9 @@ def image(host: Host, fw: Forward, check_mode: bool) -> StageResult:
         present = image_id(node, tag) is not None
         return StageResult(changed=not present, summary=[f"image {tag}: {'present' if present else 'would be built'}"])
     try:
-        built = build(host.image, None if local else fw.docker_url, _console(buffer))
-        report = verify(built.tag, list(plan.server_launch(host).argv), None if local else fw.docker_url)
+        aot = plan.aot_plan(host)
+        built = build(host.image, None if local else fw.docker_url, _console(buffer), aot=aot)
+        report = verify(built.tag, list(plan.server_launch(host).argv), None if local else fw.docker_url, aot=aot)
     except (BuildError, VerifyError) as exc:
         return StageResult(failed=True, summary=[str(exc)], data={"log": buffer.getvalue()[-4000:]})
     lines = [f"image {built.tag}: {'built in %.0f s' % built.seconds if built.built else 'present, not rebuilt'}"]
@@ -133,7 +134,7 @@ def p2p(host: Host, fw: Forward, check_mode: bool) -> StageResult:
     # NVLink multicast off in any child environment (a shared host's GPUs can be put out of service).
     env = {"PYTHONPATH": "/opt/gpunode-src", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
-    container = client.containers.create(plan.image_tag(host.image), command=command, environment=env,
+    container = client.containers.create(plan.image_tag(host), command=command, environment=env,
                                          ipc_mode="host", labels={"io.gpunode.role": "p2p-check"},
                                          **_handoff(host, client).run_kwargs())
     try:
@@ -245,7 +246,7 @@ def run(stage: str, host: Host, api_key_file: str | None, check_mode: bool) -> S
         host = host.model_copy(update={"server": host.server.model_copy(update={"api_key": SecretRef(file=Path(api_key_file))})})
     import docker
 
-    missing = (f"the image {plan.server_image(host) if stage != 'p2p' else plan.image_tag(host.image)} is not on the "
+    missing = (f"the image {plan.server_image(host) if stage != 'p2p' else plan.image_tag(host)} is not on the "
                "node's engine: run the image stage first (`gpunode provision --tags image`)")
     try:
         ports = (host.server.port,) if stage == "smoke" else ()

@@ -20,7 +20,7 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 def host_image() -> Image:
-    return Image(ca_bundle=HOST_CA if HOST_CA.is_file() else None)
+    return Image(base="debootstrap", ca_bundle=HOST_CA if HOST_CA.is_file() else None)
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,7 @@ def test_debootstrap_base_ref_follows_its_spec() -> None:
 
 
 def test_render_debootstrap_base_has_no_apt_step() -> None:
-    inputs = collect_inputs(Image())
+    inputs = collect_inputs(Image(base="debootstrap"))
     assert inputs.dockerfile.startswith("# Rendered by gpunode.image")
     assert f"FROM {inputs.base_ref}\n" in inputs.dockerfile
     assert "apt-get" not in inputs.dockerfile
@@ -97,23 +97,23 @@ def test_render_registry_base_installs_base_packages() -> None:
 def test_ca_bundle_goes_into_context_and_tag(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
-    inputs = collect_inputs(Image(ca_bundle=ca))
+    inputs = collect_inputs(Image(base="debootstrap", ca_bundle=ca))
     assert inputs.files[CA_IN_CONTEXT] == ca.read_bytes()
     assert "update-ca-certificates" in inputs.dockerfile
     assert "PIP_CERT=/etc/ssl/certs/ca-certificates.crt pip install" in inputs.dockerfile
     tag_one = inputs.tag
     ca.write_text("other")
-    assert image_tag(Image(ca_bundle=ca)) != tag_one != image_tag(Image())
+    assert image_tag(Image(base="debootstrap", ca_bundle=ca)) != tag_one != image_tag(Image(base="debootstrap"))
 
 
 def test_missing_ca_bundle_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(ImageInputError, match="ca_bundle"):
-        collect_inputs(Image(ca_bundle=tmp_path / "nope.pem"))
+        collect_inputs(Image(base="debootstrap", ca_bundle=tmp_path / "nope.pem"))
 
 
 def test_patches_render_one_step_each_in_name_order(folder: Path) -> None:
     (folder / "patches" / "0000-first.patch").write_text((folder / "patches").glob("*.patch").__next__().read_text())
-    inputs = collect_inputs(Image(), folder)
+    inputs = collect_inputs(Image(base="debootstrap"), folder)
     assert inputs.patches[0] == "0000-first.patch"
     first, second = (inputs.dockerfile.index(f"COPY patches/{p}") for p in inputs.patches[:2])
     assert first < second
@@ -121,36 +121,36 @@ def test_patches_render_one_step_each_in_name_order(folder: Path) -> None:
 
 
 def test_tag_is_stable_and_follows_content(folder: Path) -> None:
-    base = image_tag(Image(), folder)
-    assert base == image_tag(Image(), folder)
+    base = image_tag(Image(base="debootstrap"), folder)
+    assert base == image_tag(Image(base="debootstrap"), folder)
     assert base.startswith("gpunode/sglang:0.5.9-cu128-")
     (folder / "README.md").write_text("docs do not change the image")
-    assert image_tag(Image(), folder) == base
+    assert image_tag(Image(base="debootstrap"), folder) == base
     for change, extra in (("requirements.lock", b"# changed"), ("Dockerfile.j2", b"# changed"),
                           ("base-packages.txt", b"htop"), ("pip.lock", b"# changed")):
         path = folder / change
         original = path.read_bytes()
         path.write_bytes(original + b"\n" + extra + b"\n")
-        assert image_tag(Image(), folder) != base, change
+        assert image_tag(Image(base="debootstrap"), folder) != base, change
         path.write_bytes(original)
     (folder / "patches" / "0002-more.patch").write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
-    assert image_tag(Image(), folder) != base
+    assert image_tag(Image(base="debootstrap"), folder) != base
 
 
 def test_tag_follows_base_pins_and_name() -> None:
-    base = image_tag(Image())
+    base = image_tag(Image(base="debootstrap"))
     assert image_tag(Image(base="debian:bookworm-slim")) != base
     assert image_tag(Image(pins=ImagePins(transformers="5.3.0"))) != base
     assert image_tag(Image(name="site/sglang")).startswith("site/sglang:0.5.9-cu128-")
 
 
 def test_context_tar_is_deterministic() -> None:
-    inputs = collect_inputs(Image())
-    assert context_tar(inputs) == context_tar(collect_inputs(Image()))
+    inputs = collect_inputs(Image(base="debootstrap"))
+    assert context_tar(inputs) == context_tar(collect_inputs(Image(base="debootstrap")))
 
 
 def test_patch_step_recompiles_the_files_it_changes() -> None:
-    dockerfile = collect_inputs(Image()).dockerfile
+    dockerfile = collect_inputs(Image(base="debootstrap")).dockerfile
     assert "python3 -m compileall -q -f sglang/srt/model_executor/model_runner.py" in dockerfile
     assert 'echo "gpunode: patch 0001-flashinfer-autotune-cutlass.patch does not apply' in dockerfile
 
@@ -158,4 +158,4 @@ def test_patch_step_recompiles_the_files_it_changes() -> None:
 def test_unparseable_patch_is_an_input_error(folder: Path) -> None:
     (folder / "patches" / "0009-notes.patch").write_text("only words\n")
     with pytest.raises(ImageInputError, match="0009-notes.patch: no '\\+\\+\\+ b/<path>' header"):
-        collect_inputs(Image(), folder)
+        collect_inputs(Image(base="debootstrap"), folder)

@@ -89,11 +89,15 @@ def test_command_line_is_shell_safe(example: hostfile.HostFile) -> None:
 
 
 def test_image_tag_follows_content(example: hostfile.HostFile) -> None:
-    image = example.hosts[0].image
-    tag = plan.image_tag(image)
-    assert tag.startswith("gpunode/sglang:0.5.9-cu128-") and tag == plan.image_tag(image)
+    host = example.hosts[0]
+    tag = plan.image_tag(host)
+    assert tag.startswith("gpunode/sglang:0.5.9-cu128-") and tag == plan.image_tag(host)
+    image = host.image
     other = image.model_copy(update={"pins": image.pins.model_copy(update={"flashinfer": "0.6.4"})})
-    assert plan.image_tag(other) != tag
+    assert plan.image_tag(host.model_copy(update={"image": other})) != tag
+    # The modules built ahead of time are part of the image: another FP4 GEMM backend, another tag.
+    cutlass = host.server.model_copy(update={"flags": {"--fp4-gemm-backend": "flashinfer_cutlass"}})
+    assert plan.image_tag(host.model_copy(update={"server": cutlass})) != tag
 
 
 def test_token_auth_warns_about_devn(example: hostfile.HostFile) -> None:
@@ -157,9 +161,9 @@ def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
     built = plan.plan_host(lab)
     assert built.image["lab_stand_in"] == "fake-sglang"
     assert built.image["server_image"] == fake_tag() and fake_tag().startswith(FAKE_REPO + ":")
-    assert built.image["tag"] == plan.image_tag(lab.image), "the real image's tag is still planned"
+    assert built.image["tag"] == plan.image_tag(lab), "the real image's tag is still planned"
     real = lab.model_copy(update={"image": lab.image.model_copy(update={"lab_stand_in": None})})
-    assert plan.server_image(real) == plan.image_tag(real.image)
+    assert plan.server_image(real) == plan.image_tag(real)
 
 
 def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:

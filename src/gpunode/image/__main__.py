@@ -62,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     try:
         host = pick_host(args.host_file, args.host)
+        aot = plan.aot_plan(host) if host else None
         if args.command == "tag":
-            print(image_tag(image_of(host, None)))
+            print(image_tag(image_of(host, None), aot=aot))
             return 0
         if args.command == "build":
-            result = build(image_of(host, args.ca_bundle), args.engine, console, force=args.force)
+            result = build(image_of(host, args.ca_bundle), args.engine, console, force=args.force, aot=aot)
             print(f'{{"tag": "{result.tag}", "built": {str(result.built).lower()}, "seconds": {result.seconds:.1f}}}')
             return 0
         launch = args.argv or (list(plan.server_launch(host).argv) if host else default_launch_argv())

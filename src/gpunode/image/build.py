@@ -20,8 +20,10 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpunode.hostfile import Image
-from gpunode.image.base import BaseError, ensure_debootstrap_base, image_exists
-from gpunode.image.context import BuildInputs, ImageInputError, collect_inputs, context_tar
+from gpunode.image import bases
+from gpunode.image.aot import AotPlan, modules_json
+from gpunode.image.base import BaseDigest, BaseError, ensure_debootstrap_base, ensure_registry_base, image_exists
+from gpunode.image.context import LABEL_PREFIX, BuildInputs, ImageInputError, collect_inputs, context_tar
 
 BUILD_TIMEOUT_S = 3600  # a cold build downloads ~4 GB of wheels
 
@@ -37,6 +39,7 @@ class BuildResult:
     seconds: float
     base: str = ""
     image_id: str = ""
+    base_digest: BaseDigest | None = None
 
 
 def docker_client(engine_url: str | None) -> docker.DockerClient:
@@ -110,11 +113,27 @@ class BuildDisplay:
         return f"{what}: {error.strip()}\n--- last build output ---\n" + "\n".join(self.tail)
 
 
-def stream_build(client: docker.DockerClient, inputs: BuildInputs, tag: str, display: BuildDisplay) -> str:
+def build_labels(inputs: BuildInputs, base_digest: BaseDigest | None) -> dict[str, str]:
+    """Facts of this build that are not inputs of the tag: the base's digest as pulled (a moving
+    tag's content), and what ``image verify`` should find (toolchain, arch, modules ahead of time)."""
+    labels = {f"{LABEL_PREFIX}.base": inputs.base_ref.split("@", 1)[0]}
+    if base_digest is not None and base_digest.digest:
+        labels[f"{LABEL_PREFIX}.base.digest"] = base_digest.digest
+    if inputs.toolchain is not None:
+        labels[f"{LABEL_PREFIX}.toolchain"] = inputs.toolchain.name
+        labels[f"{LABEL_PREFIX}.toolchain.cuda"] = inputs.toolchain.cuda
+    if inputs.aot is not None:
+        labels[f"{LABEL_PREFIX}.aot.arch"] = inputs.aot.arch.cuda_arch
+        labels[f"{LABEL_PREFIX}.aot.modules"] = modules_json(list(inputs.aot.modules))
+    return labels
+
+
+def stream_build(client: docker.DockerClient, inputs: BuildInputs, tag: str, display: BuildDisplay,
+                 labels: dict[str, str] | None = None) -> str:
     """Run the build; returns the image id. Intermediate containers are removed even on failure."""
     chunks: Iterable[dict[str, Any]] = client.api.build(
         fileobj=io.BytesIO(context_tar(inputs)), custom_context=True, tag=tag, rm=True, forcerm=True,
-        decode=True, pull=False, timeout=BUILD_TIMEOUT_S,
+        decode=True, pull=False, timeout=BUILD_TIMEOUT_S, labels=labels or None,
     )
     image_id = ""
     for chunk in chunks:
@@ -128,12 +147,13 @@ def stream_build(client: docker.DockerClient, inputs: BuildInputs, tag: str, dis
 
 
 def build(image: Image, engine_url: str | None = None, console: Console | None = None, *,
-          folder: Path | None = None, force: bool = False) -> BuildResult:
-    """Build the image the host file asks for unless its content tag already exists on the engine."""
+          folder: Path | None = None, force: bool = False, aot: AotPlan | None = None) -> BuildResult:
+    """Build the image the host file asks for unless its content tag already exists on the engine.
+    ``aot``: the FlashInfer modules to build ahead of time (gpunode.plan.aot_plan of the host)."""
     console = console or Console(stderr=True)
     started = time.monotonic()
     try:
-        inputs = collect_inputs(image, folder)
+        inputs = collect_inputs(image, folder, aot)
     except ImageInputError as exc:
         raise BuildError(str(exc)) from None
     if inputs.lock_problems:
@@ -145,18 +165,18 @@ def build(image: Image, engine_url: str | None = None, console: Console | None =
         if image_exists(client, tag) and not force:
             console.print(f"image {tag}: present, not rebuilt")
             return BuildResult(tag, False, time.monotonic() - started, inputs.base_ref, client.images.get(tag).id)
+        base_digest = None
         if inputs.debootstrap is not None:
             ensure_debootstrap_base(client, inputs.debootstrap, console)
-        elif not image_exists(client, inputs.base_ref):
-            console.print(f"base {inputs.base_ref}: pulling")
-            client.images.pull(inputs.base_ref)
+        else:
+            base_digest = ensure_registry_base(client, bases.parse(image.base), console)
         console.print(f"image {tag}: building from {inputs.base_ref}")
         with BuildDisplay(console) as display:
-            image_id = stream_build(client, inputs, tag, display)
+            image_id = stream_build(client, inputs, tag, display, build_labels(inputs, base_digest))
     except (APIError, DockerException, BaseError) as exc:
         raise BuildError(f"building {tag}: {exc}") from None
     finally:
         client.close()
     seconds = time.monotonic() - started
     console.print(f"image {tag}: built in {seconds:.0f} s")
-    return BuildResult(tag, True, seconds, inputs.base_ref, image_id)
+    return BuildResult(tag, True, seconds, inputs.base_ref, image_id, base_digest)

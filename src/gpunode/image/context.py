@@ -18,6 +18,8 @@ from pathlib import Path
 import jinja2
 
 from gpunode.hostfile import Image, ImagePins
+from gpunode.image import bases
+from gpunode.image.aot import AotPlan, modules_json
 from gpunode.image.patches import PatchFormatError, parse_patch
 from gpunode.paths import IMAGES
 
@@ -28,7 +30,10 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CA_IN_CONTEXT = "extra-ca.crt"
 TEMPLATE = "Dockerfile.j2"
-LOCK = "requirements.lock"
+LOCK = "requirements.lock"  # the context name of the base's lock, whichever Python it is for
+TOOLCHAIN_LOCK = "toolchain.lock"
+AOT_SCRIPT = "flashinfer_aot.py"
+TOOLCHAIN_VENV = "/opt/cuda-toolchain"
 PIP_LOCK = "pip.lock"
 BASE_PACKAGES = "base-packages.txt"
 PATCHES = "patches"
@@ -149,6 +154,8 @@ class BuildInputs:
     pins: ImagePins
     name: str
     lock_problems: tuple[str, ...] = field(default=())
+    toolchain: bases.Toolchain | None = None
+    aot: AotPlan | None = None
 
     def digest(self) -> str:
         digest = hashlib.sha256()
@@ -162,15 +169,22 @@ class BuildInputs:
 
 
 def render_dockerfile(template_text: str, *, base_ref: str, apt_packages: list[str], ca_bundle: str | None,
-                      patches: dict[str, list[str]], labels: dict[str, str]) -> str:
-    """``patches``: patch file name -> the files it changes (relative to site-packages), in order."""
+                      patches: dict[str, list[str]], labels: dict[str, str],
+                      toolchain: bases.Toolchain | None = None, aot: AotPlan | None = None) -> str:
+    """``patches``: patch file name -> the files it changes (relative to site-packages), in order.
+    ``toolchain``: the CUDA toolchain's home goes on PATH (and one from PyPI is installed);
+    ``aot``: one build step per module group."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=False, autoescape=False)
     pip_env = "PIP_CERT=/etc/ssl/certs/ca-certificates.crt " if ca_bundle else ""
+    groups = [{"name": name, "modules": [m.name for m in modules], "json": modules_json(modules)}
+              for name, modules in (aot.groups() if aot else [])]
     return env.from_string(template_text).render(
         base_ref=base_ref, apt_packages=apt_packages, ca_bundle=ca_bundle, patches=list(patches),
         patch_targets=patches, labels=labels,
         venv=VENV, pip_env=pip_env, source_date_epoch=SOURCE_DATE_EPOCH,
+        toolchain=toolchain, toolchain_venv=TOOLCHAIN_VENV, toolchain_lock=TOOLCHAIN_LOCK if toolchain and toolchain.lock else None,
+        aot_groups=groups, aot_script=AOT_SCRIPT, cuda_arch=aot.arch.cuda_arch if aot else "",
     )
 
 
@@ -181,14 +195,25 @@ def _read(folder: Path, name: str) -> bytes:
     return path.read_bytes()
 
 
-def collect_inputs(image: Image, folder: Path | None = None) -> BuildInputs:
-    """Read images/sglang/ (or ``folder``) and the host file's image section into build inputs."""
+def collect_inputs(image: Image, folder: Path | None = None, aot: AotPlan | None = None) -> BuildInputs:
+    """Read images/sglang/ (or ``folder``) and the host file's image section into build inputs;
+    ``aot`` (gpunode.plan.aot_plan of the host) adds the FlashInfer modules built ahead of time."""
     folder = folder or images_dir()
     packages = read_base_packages(_read(folder, BASE_PACKAGES).decode())
-    debootstrap = DebootstrapBase(tuple(packages)) if image.base == "debootstrap" else None
-    base_ref = debootstrap.ref if debootstrap else image.base
+    base = bases.parse(image.base)
+    debootstrap = DebootstrapBase(tuple(packages)) if base.local else None
+    base_ref = debootstrap.ref if debootstrap else base.pull_ref
+    toolchain = bases.toolchain_for(image.base, image.toolchain)
+    if aot is not None and not aot.modules:
+        aot = None
+    if aot is not None and toolchain is None:
+        raise ImageInputError(f"FlashInfer modules ahead of time need a CUDA toolchain, and base {image.base} has none")
     patches = patch_names(folder)
-    files = {LOCK: _read(folder, LOCK), PIP_LOCK: _read(folder, PIP_LOCK)}
+    files = {LOCK: _read(folder, bases.base_of(image.base).lock), PIP_LOCK: _read(folder, PIP_LOCK)}
+    if toolchain is not None and toolchain.lock:
+        files[TOOLCHAIN_LOCK] = _read(folder, toolchain.lock)
+    if aot is not None:
+        files[AOT_SCRIPT] = _read(folder, AOT_SCRIPT)
     files.update({f"{PATCHES}/{name}": _read(folder, f"{PATCHES}/{name}") for name in patches})
     if image.ca_bundle is not None:
         if not image.ca_bundle.is_file():
@@ -198,16 +223,17 @@ def collect_inputs(image: Image, folder: Path | None = None) -> BuildInputs:
         _read(folder, TEMPLATE).decode(), base_ref=base_ref,
         apt_packages=[] if debootstrap else packages,
         ca_bundle=CA_IN_CONTEXT if image.ca_bundle is not None else None,
-        patches=patch_targets(files), labels=pin_labels(image.pins),
+        patches=patch_targets(files), labels=pin_labels(image.pins), toolchain=toolchain, aot=aot,
     )
     problems = lock_pin_mismatches(files[LOCK].decode(), image.pins)
     return BuildInputs(dockerfile=dockerfile, files=files, base_ref=base_ref, debootstrap=debootstrap,
-                       patches=tuple(patches), pins=image.pins, name=image.name, lock_problems=tuple(problems))
+                       patches=tuple(patches), pins=image.pins, name=image.name, lock_problems=tuple(problems),
+                       toolchain=toolchain, aot=aot)
 
 
-def image_tag(image: Image, folder: Path | None = None) -> str:
+def image_tag(image: Image, folder: Path | None = None, aot: AotPlan | None = None) -> str:
     """The content tag of the image the host file asks for, e.g. ``gpunode/sglang:0.5.9-cu128-<12 hex>``."""
-    return collect_inputs(image, folder).tag
+    return collect_inputs(image, folder, aot).tag
 
 
 def context_tar(inputs: BuildInputs) -> bytes:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from typing import Any
 
 SITE = sysconfig.get_paths()["purelib"]
@@ -185,16 +186,76 @@ def model_support() -> dict[str, Any]:
     return facts
 
 
+NVCC_TEST = "__global__ void gpunode_probe(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+
+
+def nvcc_compile(nvcc: str | None, cuda_arch: str) -> dict[str, Any]:
+    """Compile a trivial kernel for ``cuda_arch`` (``12.0a``) to a cubin and read its SASS arch:
+    nvcc, cicc, ptxas and the headers all work, for that target."""
+    if not cuda_arch:
+        return {}
+    if nvcc is None:
+        return {"ok": False, "error": "no nvcc"}
+    code = cuda_arch.replace(".", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, cubin = os.path.join(tmp, "probe.cu"), os.path.join(tmp, "probe.cubin")
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write(NVCC_TEST)
+        command = [nvcc, f"-gencode=arch=compute_{code},code=sm_{code}", "-cubin", "-o", cubin, source]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            return {"ok": False, "command": " ".join(command), "error": (result.stderr or result.stdout).strip()[-1500:]}
+        arch = cubin_arch(cubin)
+        return {"ok": True, "command": " ".join(command), "sass": [arch] if arch else []}
+
+
+def aot_facts(cuobjdump: str | None, modules: list[dict[str, Any]], cuda_arch: str) -> dict[str, Any]:
+    """Each module through FlashInfer's own lookup, with JIT disabled as a launch would have it:
+    the spec from FlashInfer's generator, the library FlashInfer would load, its SASS archs. With no
+    GPU here, FLASHINFER_CUDA_ARCH_LIST names the target (FlashInfer reads it at import)."""
+    if not modules:
+        return {}
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = tempfile.mkdtemp()
+    facts: dict[str, Any] = {}
+    for entry in modules:
+        fact: dict[str, Any] = {}
+        facts[entry["name"]] = fact
+        try:
+            import importlib
+
+            import torch
+
+            module, function = entry["generator"].split(":")
+            kwargs = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("dtype:") else v
+                      for k, v in entry["kwargs"].items()}
+            spec = getattr(importlib.import_module(module), function)(**kwargs)
+            fact.update(spec_name=spec.name, aot_path=str(spec.aot_path), is_aot=bool(spec.is_aot),
+                        library=str(spec.get_library_path()))
+        except Exception as exc:  # noqa: BLE001
+            fact["error"] = error_text(exc)
+            continue
+        if fact["is_aot"] and cuobjdump:
+            found, errors = binary_facts(cuobjdump, fact["aot_path"])
+            fact.update(sass=found["elf"], ptx=found["ptx"], size=os.path.getsize(fact["aot_path"]),
+                        errors=errors)
+    return facts
+
+
 def main(request: dict[str, Any]) -> dict[str, Any]:
     tools = tool_facts(request.get("tools", ["nvcc", "ptxas", "cuobjdump"]))
+    cuobjdump = tools.get("cuobjdump", {}).get("path")
     return {
+        "nvcc_compile": nvcc_compile(tools.get("nvcc", {}).get("path"), request.get("cuda_arch", "")),
+        "aot": aot_facts(cuobjdump, request.get("aot", []), request.get("cuda_arch", "")),
         "python": sys.version.split()[0],
         "site": SITE,
         "versions": versions(request.get("distributions", [])),
         "torch": torch_facts(),
         "tools": tools,
         "files": file_texts(request.get("files", [])),
-        "kernels": kernel_facts(tools.get("cuobjdump", {}).get("path"), request.get("kernels", {})),
+        "kernels": kernel_facts(cuobjdump, request.get("kernels", {})),
         "server_argv": parse_server_argv(request.get("server_argv", [])),
         "model": model_support(),
     }

@@ -17,6 +17,7 @@ import docker
 from docker.errors import DockerException, ImageNotFound
 
 from gpunode.hostfile import ImagePins
+from gpunode.image.aot import GPU_ARCHS, AotPlan
 from gpunode.image.build import docker_client
 from gpunode.image.context import LABEL_PREFIX, expected_versions, images_dir, patch_names, version_matches
 from gpunode.image.patches import Patch, blocks_present, parse_patch
@@ -24,6 +25,8 @@ from gpunode.image.patches import Patch, blocks_present, parse_patch
 PROBE_MARK = "GPUNODE-PROBE "
 PROBE_TIMEOUT_S = 1200  # cuobjdump over torch's ~1 GB of CUDA libraries takes a while on 2 cores
 TARGET_ARCH = "sm_120"
+DEFAULT_CUDA_ARCH = GPU_ARCHS["RTX PRO 6000 Blackwell"].cuda_arch  # the mission's GPUs, when the image records none
+DEFAULT_DEVEL_BASE = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
 # Binaries with device code, per library, as globs under site-packages.
 # flashinfer-python itself is JIT-only; its precompiled kernels come in flashinfer-cubin.
 KERNEL_GLOBS: dict[str, list[str]] = {
@@ -177,13 +180,66 @@ def model_finding(facts: dict[str, Any]) -> Finding:
     return Finding("GLM-5 support", ok, detail + ("; " + "; ".join(errors) if errors else ""))
 
 
-def judge(facts: dict[str, Any], pins: ImagePins, patches: list[Patch], target: str) -> list[Finding]:
-    """All findings, in a fixed order, from the probe's facts."""
+NO_NVCC = ("FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at the first request, and the server "
+           f"stops there without it. Fix: image.base {DEFAULT_DEVEL_BASE} (CUDA 12.8's toolchain)")
+
+
+def nvcc_compile_finding(fact: dict[str, Any], cuda_arch: str) -> Finding:
+    name = f"nvcc compiles for {cuda_arch}"
+    if not fact.get("ok"):
+        return Finding(name, False, f"{fact.get('error', 'not run')}" + (f" ({fact['command']})" if "command" in fact else ""))
+    target = sm_of(cuda_arch)
+    ok = any(arch_family(target, arch) for arch in fact.get("sass", []))
+    return Finding(name, ok, f"a test kernel compiled to {', '.join(fact.get('sass', [])) or 'no SASS'}, target {target}")
+
+
+def sm_of(cuda_arch: str) -> str:
+    """``12.0a`` -> ``sm_120`` (the family cuobjdump's arch names are matched against)."""
+    return "sm_" + re.sub(r"[^0-9]", "", cuda_arch)
+
+
+def aot_findings(facts: dict[str, Any], expected: list[dict[str, Any]], cuda_arch: str, nvcc: bool) -> list[Finding]:
+    """One finding per module built ahead of time: FlashInfer's lookup (JIT disabled) resolves it to
+    the AOT library, and that library holds SASS for the target. None expected is a finding too."""
+    if not expected:
+        if nvcc:
+            return [Finding("flashinfer aot", True, "no module built ahead of time: FlashInfer compiles at first use")]
+        return [Finding("flashinfer aot", False, "no module built ahead of time and no nvcc to compile one at first "
+                        "use: every FlashInfer kernel without a cubin fails on SM120")]
+    target = sm_of(cuda_arch)
+    findings = []
+    for entry in expected:
+        name, fact = entry["name"], facts.get(entry["name"], {})
+        label = f"flashinfer aot {name}"
+        if "error" in fact or not fact:
+            findings.append(Finding(label, False, f"FlashInfer cannot make its spec: {fact.get('error', 'not probed')}"))
+        elif fact.get("spec_name") != name:
+            findings.append(Finding(label, False, f"FlashInfer names this module {fact.get('spec_name')}"))
+        elif not fact.get("is_aot") or fact.get("library") != fact.get("aot_path"):
+            findings.append(Finding(label, False, f"not in FlashInfer's AOT directory ({fact.get('aot_path')}): with "
+                                    "FLASHINFER_DISABLE_JIT=1 the launch fails, without it FlashInfer compiles it"))
+        else:
+            sass = fact.get("sass", [])
+            ok = any(arch_family(target, arch) for arch in sass) and not fact.get("errors")
+            findings.append(Finding(label, ok, f"{fact['aot_path']} ({fact.get('size', 0)} bytes): SASS "
+                                    f"{', '.join(sass) or 'none'}, target {target}"
+                                    + (f"; {fact['errors'][0]}" if fact.get("errors") else "")))
+    return findings
+
+
+def judge(facts: dict[str, Any], pins: ImagePins, patches: list[Patch], target: str, *, tool_cuda: str | None = None,
+          cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> list[Finding]:
+    """All findings, in a fixed order, from the probe's facts. ``tool_cuda``: the CUDA release of
+    the image's toolchain (default: the pinned one); ``aot``: the modules built ahead of time."""
     tools = facts.get("tools", {})
     findings = pin_findings(facts.get("versions", {}), pins)
     findings.append(torch_cuda_finding(facts.get("torch", {}), pins))
-    findings.append(tool_finding("nvcc", tools.get("nvcc", {}), pins.cuda, "FlashInfer's JIT runs $CUDA_HOME/bin/nvcc"))
-    findings.append(tool_finding("ptxas", tools.get("ptxas", {}), pins.cuda, "Triton and FlashInfer assemble PTX with it"))
+    findings.append(tool_finding("nvcc", tools.get("nvcc", {}), tool_cuda or pins.cuda, NO_NVCC))
+    findings.append(tool_finding("ptxas", tools.get("ptxas", {}), tool_cuda or pins.cuda,
+                                 "Triton and FlashInfer assemble PTX with it"))
+    if cuda_arch:
+        findings.append(nvcc_compile_finding(facts.get("nvcc_compile", {}), cuda_arch))
+    findings.extend(aot_findings(facts.get("aot", {}), aot or [], cuda_arch, bool(tools.get("nvcc", {}).get("path"))))
     findings.extend(patch_finding(patch, facts.get("files", {})) for patch in patches)
     findings.extend(kernels_finding(lib, lib_facts, target) for lib, lib_facts in facts.get("kernels", {}).items())
     findings.append(argv_finding(facts.get("server_argv", {})))
@@ -210,8 +266,11 @@ def pins_from_labels(labels: dict[str, str]) -> ImagePins:
     return ImagePins(**{k[len(prefix):]: v for k, v in labels.items() if k.startswith(prefix)})
 
 
-def probe_request(pins: ImagePins, patches: list[Patch], launch_argv: list[str], kernels: bool = True) -> dict[str, Any]:
+def probe_request(pins: ImagePins, patches: list[Patch], launch_argv: list[str], kernels: bool = True, *,
+                  cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
+        "cuda_arch": cuda_arch,
+        "aot": aot or [],
         "distributions": sorted(expected_versions(pins)),
         "tools": ["nvcc", "ptxas", "cuobjdump"],
         "files": sorted({target for patch in patches for target in patch.added_blocks}),
@@ -246,11 +305,14 @@ def run_probe(client: docker.DockerClient, tag: str, request: dict[str, Any]) ->
 
 
 def verify(tag: str, launch_argv: list[str], engine_url: str | None = None, *, pins: ImagePins | None = None,
-           arch: str = TARGET_ARCH, folder: Path | None = None, kernels: bool = True) -> VerifyReport:
+           arch: str = TARGET_ARCH, folder: Path | None = None, kernels: bool = True,
+           aot: AotPlan | None = None) -> VerifyReport:
     """Check the image ``tag`` against its pins (by default those recorded in its labels), the
-    patches of images/sglang/patches, the target arch and a server launch command line.
+    patches of images/sglang/patches, the target arch and a server launch command line; its
+    toolchain (nvcc compiles for the GPUs' arch) and the FlashInfer modules built ahead of time
+    (``aot``, the host's plan, else those its labels record).
 
-    ``kernels=False`` skips the cuobjdump scan (the slow part) for a quick check of the rest."""
+    ``kernels=False`` skips the cuobjdump scan of the libraries (the slow part) for a quick check of the rest."""
     client = docker_client(engine_url)
     try:
         try:
@@ -259,9 +321,13 @@ def verify(tag: str, launch_argv: list[str], engine_url: str | None = None, *, p
             raise VerifyError(f"image {tag} is not on the engine") from None
         expected = pins or pins_from_labels(labels)
         patches = load_patches(folder)
-        facts = run_probe(client, tag, probe_request(expected, patches, launch_argv, kernels))
+        cuda_arch = aot.arch.cuda_arch if aot else labels.get(f"{LABEL_PREFIX}.aot.arch", DEFAULT_CUDA_ARCH)
+        modules = [m.as_json() for m in aot.modules] if aot else json.loads(labels.get(f"{LABEL_PREFIX}.aot.modules", "[]"))
+        request = probe_request(expected, patches, launch_argv, kernels, cuda_arch=cuda_arch, aot=modules)
+        facts = run_probe(client, tag, request)
     except DockerException as exc:
         raise VerifyError(f"verifying {tag}: {exc}") from None
     finally:
         client.close()
-    return VerifyReport(tag, judge(facts, expected, patches, arch))
+    return VerifyReport(tag, judge(facts, expected, patches, arch, tool_cuda=labels.get(f"{LABEL_PREFIX}.toolchain.cuda"),
+                                   cuda_arch=cuda_arch, aot=modules))

@@ -1,0 +1,180 @@
+"""FlashInfer ahead of time: the module list per profile, the plan, verify's judgement, the H200 reading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpunode import plan, profiles
+from gpunode.hostfile import HostFileError, load
+from gpunode.image import aot
+from gpunode.image.verify import aot_findings, judge, nvcc_compile_finding, sm_of
+from gpunode.hostfile import ImagePins
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "image" / "aot-h200" / "aot_h200.json"
+PROFILE = profiles.load("glm5-nvfp4-sm120")
+MLA = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False"
+PREFILL = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_256_"
+           "head_dim_vo_256_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False")
+
+
+def names(overrides: dict) -> list[str]:
+    return [m.name for m in aot.profile_modules(PROFILE, overrides)]
+
+
+def test_the_seeds_profile_builds_attention_fp4_quantization_and_moe() -> None:
+    # cuDNN FP4 GEMM (no FlashInfer module, no nvcc), bf16 KV, TP 8.
+    assert names({}) == [MLA, PREFILL, "fp4_quantization_120", "fused_moe_120"]
+    groups = [group for group, _ in aot.plan_for(aot.gpu_arch("RTX PRO 6000 Blackwell"),
+                                                  aot.profile_modules(PROFILE, {}), "profile", True, "x").groups()]
+    assert groups == ["attention", "fp4", "moe"]
+
+
+def test_flashinfer_cutlass_fp4_gemm_adds_its_sm120_module() -> None:
+    assert names({"--fp4-gemm-backend": "flashinfer_cutlass"}) == [
+        MLA, PREFILL, "fp4_quantization_120", "fp4_gemm_cutlass_sm120", "fused_moe_120"]
+
+
+def test_tp_size_and_kv_dtype_do_not_enter_any_module_name() -> None:
+    # No FlashInfer URI holds a head count, and sglang 0.5.9 passes the model dtype as the MLA
+    # backend's KV dtype (flashinfer_mla_backend.py:666, 776-777).
+    assert names({"--tp-size": 1}) == names({}) == names({"--kv-cache-dtype": "fp8_e4m3"})
+
+
+def test_other_backends_build_nothing_of_theirs() -> None:
+    assert names({"--attention-backend": "triton"}) == ["fp4_quantization_120", "fused_moe_120"]
+    assert names({"--moe-runner-backend": "triton", "--attention-backend": "triton"}) == ["fp4_quantization_120"]
+    assert names({"--quantization": False, "--attention-backend": "triton"}) == []
+
+
+def test_names_follow_flashinfers_uri_rules() -> None:
+    assert aot.batch_mla_name("bfloat16", "float8_e4m3fn", "bfloat16", "int32", 512, 64, False, "fa3").endswith(
+        "dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False_sm90")
+
+
+def test_gpu_models_map_to_arch_specific_targets() -> None:
+    assert aot.gpu_arch("RTX PRO 6000 Blackwell").cuda_arch == "12.0a"
+    assert aot.gpu_arch("RTX PRO 6000 Blackwell").sm == "sm_120a"
+    assert aot.gpu_arch("H200").sm == "sm_90a"
+    assert sm_of("12.0a") == "sm_120"
+
+
+def test_modules_json_reads_back_with_dtypes_as_names() -> None:
+    entries = json.loads(aot.modules_json(aot.profile_modules(PROFILE, {})))
+    assert entries[0]["kwargs"]["dtype_q"] == "dtype:bfloat16" and entries[0]["kwargs"]["head_dim_ckv"] == 512
+    assert entries[3] == {"name": "fused_moe_120", "generator": "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module",
+                          "kwargs": {"use_fast_build": False}}
+
+
+def edited(tmp_path: Path, old: str, new: str, source: str = "example") -> Path:
+    text = (ROOT / "inventory" / source / "host.yml").read_text()
+    assert old in text
+    path = tmp_path / "host.yml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_the_example_plans_every_module_for_12_0a_with_the_devel_base() -> None:
+    host = load(ROOT / "inventory" / "example" / "host.yml").hosts[0]
+    planned = plan.aot_plan(host)
+    assert planned.arch.cuda_arch == "12.0a" and [m.name for m in planned.modules] == names({})
+    section = plan.image_section(host)
+    assert section["toolchain"].startswith("cuda-12.8: CUDA 12.8 at /usr/local/cuda")
+    assert section["base_digest"].startswith("unpinned tag")
+    assert all(m["ahead_of_time"] for m in section["flashinfer_aot"])
+
+
+def test_without_a_toolchain_nothing_is_built_and_the_plan_says_why() -> None:
+    lab = load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
+    planned = plan.aot_plan(lab)
+    assert planned.modules == () and len(planned.wanted) == 4
+    assert "base debootstrap has no CUDA toolchain (nvcc)" in planned.note
+    assert plan.image_section(lab)["toolchain"].startswith("none: base debootstrap has no nvcc")
+
+
+def test_a_subset_must_come_from_the_profile(tmp_path: Path) -> None:
+    path = edited(tmp_path, "      flashinfer_aot: profile ", "      flashinfer_aot: [page] ")
+    with pytest.raises(HostFileError, match="image.flashinfer_aot: page not among the profile's FlashInfer modules"):
+        load(path)
+
+
+def test_the_lab_toolchain_is_refused_outside_the_lab(tmp_path: Path) -> None:
+    path = edited(tmp_path, "      flashinfer_aot: profile ", "      toolchain: pypi-cuda-13.0\n      flashinfer_aot: profile ")
+    with pytest.raises(HostFileError, match="image.toolchain pypi-cuda-13.0 is a lab stand-in"):
+        load(path)
+
+
+def test_a_gpu_model_of_another_arch_than_the_profile_is_refused(tmp_path: Path) -> None:
+    path = edited(tmp_path, "gpu_model: RTX PRO 6000 Blackwell", "gpu_model: H200")
+    with pytest.raises(HostFileError, match="image.gpu_model H200 is sm_90a, but profile glm5-nvfp4-sm120 is for sm_120"):
+        load(path)
+
+
+# ---- verify's judgement (pure) --------------------------------------------------------------
+
+ENTRY = {"name": MLA, "generator": "g:f", "kwargs": {}}
+GOOD = {"spec_name": MLA, "aot_path": f"/site/flashinfer/data/aot/{MLA}/{MLA}.so", "is_aot": True,
+        "library": f"/site/flashinfer/data/aot/{MLA}/{MLA}.so", "sass": ["sm_120a"], "ptx": [], "size": 9, "errors": []}
+
+
+def test_a_module_in_the_aot_directory_with_target_sass_passes() -> None:
+    (finding,) = aot_findings({MLA: GOOD}, [ENTRY], "12.0a", nvcc=True)
+    assert finding.ok and finding.name == f"flashinfer aot {MLA}" and "SASS sm_120a, target sm_120" in finding.detail
+
+
+@pytest.mark.parametrize(("fact", "words"), [
+    ({**GOOD, "is_aot": False, "library": "/jit/x.so"}, "not in FlashInfer's AOT directory"),
+    ({**GOOD, "sass": ["sm_90a"]}, "SASS sm_90a, target sm_120"),
+    ({**GOOD, "spec_name": "other"}, "FlashInfer names this module other"),
+    ({"error": "RuntimeError: boom"}, "FlashInfer cannot make its spec: RuntimeError: boom"),
+])
+def test_a_module_that_a_launch_would_not_find_fails(fact: dict, words: str) -> None:
+    (finding,) = aot_findings({MLA: fact}, [ENTRY], "12.0a", nvcc=True)
+    assert not finding.ok and words in finding.detail
+
+
+def test_no_modules_and_no_nvcc_is_a_failure_with_the_reason() -> None:
+    (none,) = aot_findings({}, [], "12.0a", nvcc=False)
+    assert not none.ok and "no nvcc to compile one at first use" in none.detail
+    assert aot_findings({}, [], "12.0a", nvcc=True)[0].ok
+
+
+def test_nvcc_compile_finding() -> None:
+    assert nvcc_compile_finding({"ok": True, "sass": ["sm_120"]}, "12.0a").ok
+    assert not nvcc_compile_finding({"ok": True, "sass": ["sm_90"]}, "12.0a").ok
+    failed = nvcc_compile_finding({"ok": False, "error": "no nvcc"}, "12.0a")
+    assert not failed.ok and failed.name == "nvcc compiles for 12.0a"
+
+
+def test_a_missing_nvcc_names_the_reason_and_the_fix() -> None:
+    findings = {f.name: f for f in judge({"tools": {"nvcc": {"path": None}}}, ImagePins(), [], "sm_120",
+                                         cuda_arch="12.0a")}
+    assert findings["nvcc"].detail.startswith("no nvcc in the image (FlashInfer compiles its SM120 kernels with "
+                                              "$CUDA_HOME/bin/nvcc at the first request")
+    assert "Fix: image.base nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04" in findings["nvcc"].detail
+
+
+def test_the_toolchains_cuda_is_what_nvcc_is_judged_against() -> None:
+    tools = {"nvcc": {"path": "/usr/local/cuda/bin/nvcc", "version": "Cuda compilation tools, release 13.0, V13.0.88"}}
+    assert {f.name: f for f in judge({"tools": tools}, ImagePins(), [], "sm_120", tool_cuda="13.0")}["nvcc"].ok
+    assert not {f.name: f for f in judge({"tools": tools}, ImagePins(), [], "sm_120")}["nvcc"].ok
+
+
+# ---- the H200 reading: a module built ahead of time ran with JIT disabled ----------------------
+
+def test_the_h200_reading_shows_the_mechanism_end_to_end() -> None:
+    """Recorded by scripts/aot_h200.py on an H200 (README beside the fixture): built for 9.0a with
+    FlashInfer's generator, copied where FlashInfer's lookup looks (what flashinfer_aot.py does in
+    the image), loaded in a fresh process with FLASHINFER_DISABLE_JIT=1, equal to PyTorch."""
+    reading = json.loads(FIXTURE.read_text())
+    build, check = reading["build"], reading["check"]
+    assert reading["versions"]["gpu"] == "NVIDIA H200" and reading["arch_list"] == "9.0a"
+    assert reading["negative"]["raised"] == "MissingJITCacheError"  # JIT disabled and no module: an error
+    assert build["aot_path"] == f"{build['aot_dir']}/{build['name']}/{build['name']}.so"
+    assert reading["cuobjdump"]["archs"] == ["sm_90a"]
+    assert check["lookup"]["get_library_path"] == build["aot_path"] and check["lookup"]["is_aot"]
+    assert check["loaded_so"] == [build["aot_path"]]
+    assert check["max_abs_err"] == 0.0 and reading["pass"] and all(reading["conditions"].values())
