@@ -77,7 +77,13 @@ def test_verify_reports_the_missing_nvcc_precisely(report: VerifyReport) -> None
     # no registry this project reaches has nvcc 12.8: verify must say so, not pass it (README).
     nvcc = finding(report, "nvcc")
     assert not nvcc.ok
-    assert nvcc.detail == "no nvcc in the image (FlashInfer's JIT runs $CUDA_HOME/bin/nvcc)"
+    assert nvcc.detail == ("no nvcc in the image (FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at "
+                           "the first request, and the server stops there without it. Fix: image.base "
+                           "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 (CUDA 12.8's toolchain))")
+    # Nothing was built ahead of time either: the launch has no way to get FlashInfer's SM120 kernels.
+    assert not finding(report, "nvcc compiles for 12.0a").ok
+    aot = finding(report, "flashinfer aot")
+    assert not aot.ok and "no nvcc to compile one at first use" in aot.detail
     assert not report.ok
 
 

@@ -20,8 +20,10 @@ def test_build_is_a_no_op_when_the_tag_exists(gpunode, built: BuildResult) -> No
     assert result.stdout.strip() == f"{built.tag} (present, not rebuilt)"
 
 
-def test_verify_names_exactly_the_two_gaps(gpunode, built: BuildResult) -> None:
+def test_verify_names_exactly_the_toolchain_gaps(gpunode, built: BuildResult) -> None:
+    # The lab's debootstrap image has no nvcc: no SM120 kernels in FlashInfer, none built ahead of
+    # time, and nothing to compile them with. Every other finding passes.
     result = gpunode("image", "verify", built.tag, "--hosts", str(LAB), "--json", timeout=600)
     assert result.returncode == 1
     failed = {f["name"] for f in json.loads(result.stdout)["findings"] if not f["ok"]}
-    assert failed == {"nvcc", "kernels flashinfer"}
+    assert failed == {"nvcc", "nvcc compiles for 12.0a", "flashinfer aot", "kernels flashinfer"}
