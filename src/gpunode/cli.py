@@ -16,7 +16,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpunode.hostfile import HostFile
+    from gpunode.hostfile import Host, HostFile
 
 EXIT_CODES_HELP = "Exit codes: 0 done, 1 a stage failed, 2 bad input, 3 host unreachable, 4 environment problem, 130 interrupted."
 
@@ -324,29 +324,58 @@ def smoke(
 
 @app.command()
 def diagnose(
-    log: Annotated[str, typer.Argument(help="a server log file, or - for standard input")],
-    as_json: Annotated[bool, typer.Option("--json", help="print the diagnosis as JSON")] = False,
+    log: Annotated[Optional[str], typer.Argument(help="a server log file, or - for standard input")] = None,
+    path: Annotated[Optional[Path], typer.Option("--hosts", help="host file: read the server container's log on the node")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='print {"findings": [{"id", "summary", "cause", "fix", "line"}]}')] = False,
 ) -> None:
-    """Name the failure in an SGLang server log, with its fix (the signatures serve uses).
+    """Name the failures in an SGLang server log, each with the line that showed it, the cause and the
+    fix, ordered by where the failure began (the signatures serve uses when a start fails).
 
-    Exit codes: 0 a known failure was named, 1 no known signature (the last error line is shown),
-    2 bad input (no such file).
+    Exit codes: 0 every failure named, or none (a healthy log), 1 a failure no signature names (its
+    last error lines are shown), 2 bad input (no log given, no such file, a bad host file), 4 the
+    node or its server container could not be reached.
     """
-    from gpunode.serve.diagnose import diagnose as name_failure
+    from gpunode.serve.diagnose import findings
 
-    if log == "-":
+    if (log is None) == (path is None):
+        _die(2, ["give a log file, - for standard input, or --hosts HOST_FILE for the node's server log"])
+    if path is not None:
+        text = _server_log(_one_host(path, host))
+    elif log == "-":
         text = sys.stdin.read()
     else:
         try:
-            text = Path(log).read_text(encoding="utf-8", errors="replace")
+            text = Path(str(log)).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
             _die(2, [f"{log}: {exc.strerror or exc}"])
-    found = name_failure(text)
+    found = findings(text)
     if as_json:
-        typer.echo(json.dumps(found.as_dict(), indent=2))
-    else:
-        typer.echo(f"{found.key}: {found.title}\n  fix: {found.fix}\n  evidence: {found.evidence}")
-    raise typer.Exit(1 if found.key == "unknown" else 0)
+        typer.echo(json.dumps({"findings": [f.as_dict() for f in found]}, indent=2))
+    elif not found:
+        typer.echo("no failure found in the log")
+    for finding in ([] if as_json else found):
+        typer.echo(f"{finding.id}: {finding.summary}\n  line:  {finding.line}\n  cause: {finding.cause}\n"
+                   f"  fix:   {finding.fix}")
+    raise typer.Exit(1 if any(f.id == "unknown" for f in found) else 0)
+
+
+def _server_log(chosen: Host) -> str:
+    """The server container's log on the node, through the SSH forward to its Docker engine."""
+    import docker
+
+    from gpunode.engine import EngineUnreachable, docker_client, forward
+    from gpunode.serve.spec import CONTAINER_NAME
+
+    try:
+        with forward(chosen.container.reach) as fw:
+            client = docker_client(fw.docker_url)
+            try:
+                return str(client.containers.get(CONTAINER_NAME).logs(tail=5000).decode(errors="replace"))
+            finally:
+                client.close()
+    except (EngineUnreachable, docker.errors.DockerException) as exc:
+        _die(4, [f"cannot read {CONTAINER_NAME}'s log on {chosen.container.reach.address}: {exc}"])
 
 
 @image_app.command("build")

@@ -173,7 +173,7 @@ def test_missing_model_directory_is_refused_by_docker(docker_client: docker.Dock
     host = host.model_copy(update={"model": host.model.model_copy(update={"path": tmp_path / "no-such-model"})})
     outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1 and outcome.diagnosis is not None
-    assert outcome.diagnosis.key == "model_missing" and "no-such-model" in said
+    assert outcome.diagnosis.key == "bind_source_missing" and "no-such-model" in said
     assert not docker_client.containers.list(all=True, filters={"name": container_name})
 
 
@@ -184,7 +184,7 @@ def test_empty_model_directory_fails_in_the_server(docker_client: docker.DockerC
     host = lab_host(tmp_path)
     host = host.model_copy(update={"model": host.model.model_copy(update={"path": empty})})
     outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
-    assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "model_missing", said
+    assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "model_dir_empty", said
 
 
 def test_unlimited_memlock_refused_is_diagnosed(docker_client: docker.DockerClient, fake_image: str,

@@ -17,7 +17,7 @@ as read from the sglang 0.5.9 wheel's source:
   spec builder can be told to fail:
 
   FAKE_SGLANG_LOAD_S, FAKE_SGLANG_AUTOTUNE_S, FAKE_SGLANG_WARMUP_S   phase durations (s)
-  FAKE_SGLANG_CRASH=oom|cuinit|nccl|nccl_timeout|nan|page_table     log sglang's lines, die
+  FAKE_SGLANG_CRASH=oom|cuinit|nccl|nccl_timeout|nan|page_table|weights   the real lines, die
   FAKE_SGLANG_HANG=nccl_init                                        stop after "Init torch
                                                                     distributed begin." forever
   FAKE_SGLANG_HEALTH=never        warm-up "succeeds" but health generations never come back
@@ -26,7 +26,7 @@ as read from the sglang 0.5.9 wheel's source:
   FAKE_SGLANG_TOKEN_S, FAKE_SGLANG_TTFT_S                           generation timing (s)
   SGLANG_HEALTH_CHECK_TIMEOUT     honoured as sglang does (default 20)
 
-A missing model directory (no config.json under --model-path) fails the way transformers does.
+A missing model directory, or one without config.json, fails the way transformers 5.2 does.
 """
 
 from __future__ import annotations
@@ -541,73 +541,101 @@ def _sse(outputs: Iterable[dict[str, Any]]) -> Iterable[str]:
 
 
 # ----------------------------------------------------------------------------- startup
+SITE = "/opt/sglang/lib/python3.11/site-packages"  # where the image installs sglang and torch
+# Each failure as the real components print it (tests/unit/test_diagnose_signatures.py holds the same
+# texts with their sources): (phase, who prints it, lines). "scheduler": a traceback in a scheduler
+# process, which takes the tree down (exit 137); "launcher": the launch process itself (exit 1).
 TRACEBACKS = {
-    # The exception each signature's process prints, as Python and torch word them.
-    "oom": ("load", [
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/model_runner.py", line 987, in load_model',
+    # torch 2.9.1 c10/cuda/CUDACachingAllocator.cpp, during weight load (model_runner.py load_model).
+    "oom": ("load", "scheduler", [
+        f'  File "{SITE}/sglang/srt/model_executor/model_runner.py", line 987, in load_model',
         "    self.model = self.loader.load_model(",
-        '  File "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/module.py", line 1369, in to',
+        f'  File "{SITE}/torch/nn/modules/module.py", line 1369, in to',
         "    return fn(t)",
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total capacity of "
-        "94.97 GiB of which 1.02 GiB is free. Process 2231 has 93.94 GiB memory in use. Of the allocated memory "
-        "92.10 GiB is allocated by PyTorch, and 311.52 MiB is reserved by PyTorch but unallocated.",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of "
+        "94.97 GiB of which 1.06 GiB is free. Process 41234 has 93.90 GiB memory in use. Of the allocated memory "
+        "92.10 GiB is allocated by PyTorch, and 311.52 MiB is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+        "fragmentation.  See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
     ]),
-    "cuinit": ("start", [
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/model_runner.py", line 738, in init_torch_distributed',
-        "    torch.get_device_module(self.device).set_device(self.gpu_id)",
-        '  File "/usr/local/lib/python3.12/dist-packages/torch/cuda/__init__.py", line 372, in _lazy_init',
-        "    torch._C._cuda_init()",
-        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
-        "NumCudaDevices() that might have already set an error? Error 3: initialization error",
+    # cuInit error 3 (HMM): torch 2.9.1 CUDAFunctions.cpp:58/:119 warns, sglang utils/common.py:2059
+    # raises in the launcher, before any scheduler starts.
+    "cuinit": ("start", "launcher", [
+        f"{SITE}/torch/cuda/__init__.py:182: UserWarning: CUDA initialization: CUDA driver initialization "
+        "failed, you might not have a CUDA gpu. (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:119.)",
+        "  return torch._C._cuda_getDeviceCount() > 0",
+        "Traceback (most recent call last):",
+        f'  File "{SITE}/sglang/srt/utils/common.py", line 2059, in get_device',
+        '    raise RuntimeError("No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available.")',
+        "RuntimeError: No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available.",
     ]),
-    "nccl": ("dist", [
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/distributed/parallel_state.py", line 1436, in init_distributed_environment',
-        "    torch.distributed.all_reduce(data, group=_WORLD.cpu_group)",
-        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
-        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5",
-        "ncclUnhandledCudaError: Call to CUDA function failed.",
-        "Last error:",
-        "Cuda failure 'peer access is not supported between these two devices'",
+    # The first NCCL communicator is sglang's own (pynccl_wrapper.py:373-376 NCCL_CHECK); the text
+    # is NCCL 2.27.5's ncclGetErrorString (src/init.cc:2376).
+    "nccl": ("dist", "scheduler", [
+        f'  File "{SITE}/sglang/srt/distributed/device_communicators/pynccl.py", line 121, in __init__',
+        "    self.comm: ncclComm_t = self.nccl.ncclCommInitRank(",
+        f'  File "{SITE}/sglang/srt/distributed/device_communicators/pynccl_wrapper.py", line 376, in NCCL_CHECK',
+        '    raise RuntimeError(f"NCCL error: {error_str}")',
+        "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
     ]),
-    "nccl_timeout": ("dist", [
-        "[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: "
-        "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 "
-        "milliseconds before timing out.",
+    # torch 2.9.1 ProcessGroupNCCL.cpp WorkNCCL::checkTimeout (the C++ line number is illustrative).
+    "nccl_timeout": ("dist", "scheduler", [
+        "[rank1]:[E1201 07:35:43.221307236 ProcessGroupNCCL.cpp:685] [PG ID 2 PG GUID 3(TP) Rank 1] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600083 milliseconds before timing out.",
     ]),
-    "nan": ("warmup", [
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 1102, in event_loop_normal',
-        "    result = self.run_batch(batch)",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/layers/sampler.py", line 186, in forward',
-        "    batch_next_token_ids = torch.multinomial(probs, num_samples=1).view(-1)",
+    # torch 2.9.1 multinomial via sglang layers/sampler.py:599 (sampling_from_probs_torch).
+    "nan": ("warmup", "scheduler", [
+        f'  File "{SITE}/sglang/srt/layers/sampler.py", line 599, in sampling_from_probs_torch',
+        "    sampled_index = torch.multinomial(probs, num_samples=1)",
         "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0",
     ]),
-    "page_table": ("warmup", [
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py", line 212, in forward_normal_prepare',
-        "    page_table = forward_batch.attn_backend.forward_metadata.page_table_1_flattened",
-        "AttributeError: 'NSAMetadata' object has no attribute 'page_table_1_flattened'",
+    # sglang 0.5.9 forward_mha.py:227 -> :450: FlashInfer MLA's PrefillMetadata has no such field.
+    "page_table": ("warmup", "scheduler", [
+        f'  File "{SITE}/sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py", line 227, '
+        "in forward_normal_prepare",
+        "    kv_a, k_pe = self._get_mla_kv_buffer_from_fp8_for_nsa(forward_batch)",
+        f'  File "{SITE}/sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py", line 450, '
+        "in _get_mla_kv_buffer_from_fp8_for_nsa",
+        "    kv_indices = backend.forward_metadata.page_table_1_flattened",
+        "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'",
+    ]),
+    # sglang 0.5.9 model_loader/loader.py:467-470: config.json there, no *.safetensors.
+    "weights": ("load", "scheduler", [
+        f'  File "{SITE}/sglang/srt/model_loader/loader.py", line 467, in _prepare_weights',
+        '    raise RuntimeError(f"Cannot find any model weights with `{model_name_or_path}`")',
+        "RuntimeError: Cannot find any model weights with `/model`",
     ]),
 }
 
 
-def die(log: Log, lines: list[str]) -> None:
-    """managers/scheduler.py: "Scheduler hit an exception: <traceback>" then SIGQUIT to the parent,
-    whose handler (entrypoints/engine.py) logs and kills the whole process tree with SIGKILL."""
+def die(log: Log, who: str, lines: list[str]) -> None:
+    """A scheduler: managers/scheduler.py "Scheduler hit an exception: <traceback>" then SIGQUIT to
+    the parent, whose handler (entrypoints/engine.py) logs and kills the tree with SIGKILL (137). The
+    launcher: Python prints the traceback and exits 1."""
+    if who == "launcher":
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+        os._exit(1)
     log.scheduler("Scheduler hit an exception: Traceback (most recent call last):\n" + "\n".join(lines))
     log.main("Received sigquit from a child process. It usually means the child failed.")
     os.kill(os.getpid(), signal.SIGKILL)
     os._exit(137)  # as PID 1 without an init the SIGKILL above is ignored
 
 
-def model_missing(log: Log, path: str) -> None:
-    # transformers' AutoConfig.from_pretrained on a directory without config.json, as sglang's
-    # ServerArgs.__post_init__ -> get_config reaches it; the launcher exits with status 1.
-    log.main("Traceback (most recent call last):")
-    sys.stderr.write(
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/utils/hf_transformers_utils.py", line 265, in get_config\n'
-        "    config = AutoConfig.from_pretrained(\n"
-        f"OSError: Can't load the configuration of '{path}'. If you were trying to load it from "
-        "'https://huggingface.co/models', make sure you don't have a local directory with the same name. "
-        f"Otherwise, make sure '{path}' is the correct path to a directory containing a config.json file\n")
+def model_missing(path: str) -> None:
+    """transformers 5.2.0, as sglang's ServerArgs reaches AutoConfig in the launcher (exit 1): a path
+    that does not exist is taken for a hub id (utils/hub.py:468); a folder without config.json has no
+    model type (models/auto/configuration_auto.py:1445-1448)."""
+    if os.path.isdir(path):
+        message = f"ValueError: Unrecognized model in {path}. Should have a `model_type` key in its config.json."
+    else:
+        message = (f"OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
+                   "Use `repo_type` argument if needed.")
+    sys.stderr.write("Traceback (most recent call last):\n"
+                     f'  File "{SITE}/sglang/srt/utils/hf_transformers_utils.py", line 315, in get_config\n'
+                     "    config = AutoConfig.from_pretrained(\n" + message + "\n")
     sys.stderr.flush()
     os._exit(1)
 
@@ -641,21 +669,21 @@ def run(argv: list[str]) -> None:
     phase_of_crash = TRACEBACKS[crash][0] if crash else ""
     log.main(server_args_repr(args))
     if not os.path.isfile(os.path.join(args.model_path, "config.json")):
-        model_missing(log, args.model_path)
+        model_missing(args.model_path)
     if phase_of_crash == "start":
-        die(log, TRACEBACKS[crash][1])
+        die(log, *TRACEBACKS[crash][1:])
     log.scheduler("Init torch distributed begin.")  # model_runner.py init_torch_distributed
     if os.environ.get("FAKE_SGLANG_HANG") == "nccl_init":
         while True:  # an all-reduce that never completes: no log line, no port
             signal.pause()
     if phase_of_crash == "dist":
         time.sleep(0.05)
-        die(log, TRACEBACKS[crash][1])
+        die(log, *TRACEBACKS[crash][1:])
     log.scheduler("Init torch distributed ends. elapsed=0.52 s, mem usage=0.71 GB")
     log.scheduler("Load weight begin. avail mem=94.12 GB")  # model_runner.py load_model
     time.sleep(env_float("FAKE_SGLANG_LOAD_S", 0.3))
     if phase_of_crash == "load":
-        die(log, TRACEBACKS[crash][1])
+        die(log, *TRACEBACKS[crash][1:])
     log.scheduler("Load weight end. elapsed=57.31 s, type=GlmMoeDsaForCausalLM, dtype=torch.bfloat16, "
                   "avail mem=37.10 GB, mem usage=57.02 GB.")
     log.scheduler("Memory pool end. avail mem=7.50 GB")  # model_runner_kv_cache_mixin.py
@@ -669,7 +697,7 @@ def run(argv: list[str]) -> None:
     # http_server.py _wait_and_warmup: /model_info then one warm-up /generate; status stays Starting.
     time.sleep(env_float("FAKE_SGLANG_WARMUP_S", 0.2))
     if phase_of_crash == "warmup":
-        die(log, TRACEBACKS[crash][1])
+        die(log, *TRACEBACKS[crash][1:])
     state.status = "Up"
     log.main("The server is fired up and ready to roll!")
     while True:

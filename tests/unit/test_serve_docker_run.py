@@ -55,7 +55,7 @@ def test_key_archive_holds_one_private_file() -> None:
 
 
 @pytest.mark.parametrize(("message", "key"), [
-    ('invalid mount config for type "bind": bind source path does not exist: /models/GLM-5-NVFP4', "model_missing"),
+    ('invalid mount config for type "bind": bind source path does not exist: /models/GLM-5-NVFP4', "bind_source_missing"),
     ('could not select device driver "" with capabilities: [[gpu]]', "nvidia_runtime_missing"),
     ("error gathering device information while adding custom device \"/dev/nvidia7\": no such file or directory",
      "device_node_missing"),

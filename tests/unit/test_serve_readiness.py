@@ -58,10 +58,11 @@ def test_readiness_is_noticed_within_two_seconds(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("crash", "key", "fix_words"), [
     ("oom", "cuda_oom", "--mem-fraction-static"),
     ("cuinit", "cuda_init_hmm", "uvm_disable_hmm=1"),
-    ("nccl", "nccl_p2p", "gpunode p2p"),
-    ("nccl_timeout", "nccl_hang", "NCCL_P2P_DISABLE"),
+    ("nccl", "nccl_error", "gpunode p2p"),
+    ("nccl_timeout", "nccl_watchdog", "NCCL_P2P_DISABLE"),
     ("nan", "nan_in_sampling", "trtllm"),
-    ("page_table", "page_table_1_flattened", "--disable-radix-cache"),
+    ("page_table", "page_table_1_flattened", "--kv-cache-dtype bf16"),
+    ("weights", "weights_missing", "*.safetensors"),
 ])
 def test_crash_is_diagnosed_fast_with_its_fix(tmp_path: Path, crash: str, key: str, fix_words: str) -> None:
     with fake_server(tmp_path, api_key="k3y-not-to-print", env={"FAKE_SGLANG_CRASH": crash}, wait=False) as (
@@ -81,8 +82,18 @@ def test_crash_is_diagnosed_fast_with_its_fix(tmp_path: Path, crash: str, key: s
 def test_missing_model_directory(tmp_path: Path) -> None:
     with fake_server(tmp_path, wait=False, extra_args=["--model-path", str(tmp_path / "nowhere")]) as (process, url):
         result = watch(process, url)
-    assert result.exited and result.diagnosis is not None and result.diagnosis.key == "model_missing"
+    assert result.exited and result.diagnosis is not None and result.diagnosis.key == "model_path_missing"
     assert "model.path" in result.diagnosis.fix and result.diagnosis.exit_code == 1
+
+
+def test_empty_model_directory(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with fake_server(tmp_path, wait=False, extra_args=["--model-path", str(empty)]) as (process, url):
+        result = watch(process, url)
+    assert result.exited and result.diagnosis is not None and result.diagnosis.key == "model_dir_empty"
+    assert result.diagnosis.evidence == (f"ValueError: Unrecognized model in {empty}. Should have a `model_type` "
+                                         "key in its config.json.")
 
 
 def test_503_that_never_clears_times_out_with_a_diagnosis(tmp_path: Path) -> None:

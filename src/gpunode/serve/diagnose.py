@@ -1,16 +1,21 @@
-"""Why a server failed to start: known signatures in SGLang's log, each with the fix.
+"""Why a server failed: named findings from SGLang's log, each with the line, the cause and the fix.
 
-The signatures are the messages the failures really print (sglang 0.5.9, torch, NCCL, transformers,
-Docker) and the ones this project has met (FIELD-NOTES s2, s5). The first signature that matches
-wins, so the more specific ones come first. Every line shown to a person goes through ``redact``:
-sglang 0.5.9 logs its ``server_args`` at start, API key included.
+Every signature matches a message a real component prints: sglang 0.5.9, transformers 5.2.0, torch
+2.9.1, NCCL 2.27.5, FlashInfer 0.6.3, uvicorn, Docker; the source of each is cited beside it, and
+tests/unit/test_diagnose_signatures.py holds the exact text of each. Findings are ordered by where
+the failure began (the first line that shows it); a symptom that another finding explains is left
+out (no GPU visible after CUDA's initialisation failed). A log with errors that no signature names
+gives one ``unknown`` finding with its last relevant lines; a healthy log gives none. Every line
+shown to a person goes through ``redact``: sglang logs its ``server_args`` at start, API key included.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+FIX_FLAGS = "correct server.flags in the host file (the message names the flag and the value)"
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,22 @@ class Signature:
     title: str
     patterns: tuple[str, ...]
     fix: str
+    cause: str = ""
+    implied_by: tuple[str, ...] = ()  # findings that explain this one: it is left out beside them
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One named failure: ``id``, what it is, why it happens, the fix, and the log line that showed it."""
+
+    id: str
+    summary: str
+    cause: str
+    fix: str
+    line: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -34,62 +55,189 @@ class Diagnosis:
                 "exit_code": self.exit_code}
 
 
-SIGNATURES: tuple[Signature, ...] = (
-    Signature(
-        "model_missing", "the model directory is missing or holds no checkpoint",
-        (r"bind source path does not exist", r"Can't load the configuration of",
-         r"does not appear to have a file named config\.json", r"Repo id must be in the form",
-         r"HFValidationError", r"LocalEntryNotFoundError", r"We couldn't connect to 'https://huggingface\.co'"),
-        "put the checkpoint (config.json, tokenizer, *.safetensors) at the host file's model.path on the node; "
-        "the server runs with HF_HUB_OFFLINE=1 and never downloads",
-    ),
-    Signature(
-        "page_table_1_flattened", "NSA attention bug under prefix reuse (page_table_1_flattened AttributeError)",
-        (r"AttributeError.*page_table_1_flattened", r"page_table_1_flattened.*AttributeError",
-         r"has no attribute 'page_table_1_flattened'"),
-        "keep --disable-radix-cache (the profile sets it; check server.flags does not set it to false)",
-    ),
-    Signature(
-        "nan_in_sampling", "NaN/inf in the sampling probabilities",
-        (r"probability tensor contains either `inf`, `nan` or element < 0",),
-        "keep --nsa-decode-backend trtllm and --nsa-prefill-backend trtllm, --kv-cache-dtype bf16 and "
-        "--fp4-gemm-backend flashinfer_cudnn (flashinfer#2708); check server.flags does not override them",
-    ),
-    Signature(
-        "cuda_init_hmm", "cuInit failed with error 3 (CUDA_ERROR_NOT_INITIALIZED): the HMM problem",
-        (r"CUDA_ERROR_NOT_INITIALIZED", r"Error 3: initialization error", r"cuInit\D{0,40}\b3\b",
-         r"CUDA driver initialization failed"),
-        "on the Proxmox host: `options nvidia_uvm uvm_disable_hmm=1` in /etc/modprobe.d/, then reload nvidia_uvm "
-        "(or reboot); /sys/module/nvidia_uvm/parameters/uvm_disable_hmm must read Y (host file: "
-        "prepare.disable_hmm, prepare.allow_module_reload)",
-    ),
-    Signature(
-        "kv_cache_no_room", "no GPU memory left for the KV cache",
-        (r"Not enough memory\. Please try to increase --mem-fraction-static",),
-        "raise --mem-fraction-static (server.flags) or give the model more GPUs; check nothing else holds GPU memory",
-    ),
-    Signature(
-        "cuda_oom", "CUDA out of memory",
-        (r"CUDA out of memory", r"torch\.OutOfMemoryError", r"CUDA error: out of memory", r"cudaErrorMemoryAllocation"),
-        "lower --mem-fraction-static (0.92 -> 0.88) or --max-running-requests in server.flags; check with "
-        "nvidia-smi that no other process holds GPU memory (a previous server still running?)",
-    ),
-    Signature(
-        "nccl_p2p", "NCCL / GPU peer-to-peer failure",
-        (r"peer access is not supported", r"cudaErrorPeerAccess", r"ncclUnhandledCudaError", r"ncclSystemError",
-         r"ncclInternalError", r"ncclInvalidUsage", r"NCCL error", r"NCCL WARN .*P2P"),
-        "run `gpunode p2p` on the node: IOMMU in translated mode or PCIe ACS breaks P2P (iommu=pt, ACS off); "
-        "to confirm, set server.env NCCL_P2P_DISABLE: '1' (slower) and NCCL_DEBUG: INFO",
-    ),
-    Signature(
-        "nccl_hang", "an NCCL collective hung (watchdog timeout)",
-        (r"Watchdog caught collective operation timeout", r"NCCL.{0,80}timed out", r"ProcessGroupNCCL.{0,80}[Tt]imeout"),
-        "run `gpunode p2p` on the node (a P2P path that drops data hangs all-reduce); try server.env "
-        "NCCL_P2P_DISABLE: '1' to confirm, NCCL_DEBUG: INFO for detail",
-    ),
-)
+_CUDA_INIT = ("cuda_init_hmm", "cuda_unknown_error", "cuda_driver_mismatch")
+_HMM_FIX = ("on the Proxmox host: `options nvidia_uvm uvm_disable_hmm=1` in /etc/modprobe.d/, then reload nvidia_uvm "
+            "(or reboot); /sys/module/nvidia_uvm/parameters/uvm_disable_hmm must read Y (host file: "
+            "prepare.disable_hmm, prepare.allow_module_reload)")
+_P2P_FIX = ("run `gpunode p2p` on the node: IOMMU in translated mode or PCIe ACS breaks P2P (iommu=pt, ACS off); "
+            "to confirm, set server.env NCCL_P2P_DISABLE: '1' (slower) and NCCL_DEBUG: WARN")
 
-_ERRORISH = re.compile(r"(Error|Exception|error:|FAILED|Traceback)")
+SIGNATURES: tuple[Signature, ...] = (
+    # Python argparse, called by sglang 0.5.9 server_args.py:5592 (prepare_server_args); exit 2.
+    Signature("bad_argument", "sglang's parser refused the command line",
+              (r"launch_server\.py: error: ",),
+              FIX_FLAGS, "a misspelt or unknown flag, or a value the flag does not take"),
+    # torch 2.9.1 c10/cuda/CUDAFunctions.cpp:58 (cudaErrorInitializationError), warned at :119.
+    Signature("cuda_init_hmm", "CUDA could not initialise (cuInit error 3): the HMM problem",
+              (r"CUDA driver initialization failed, you might not have a CUDA gpu",),
+              _HMM_FIX, "cuInit returned CUDA_ERROR_NOT_INITIALIZED: nvidia_uvm with HMM on an open-module host"),
+    # torch 2.9.1 c10/cuda/CUDAFunctions.cpp:63 (cuInit 999).
+    Signature("cuda_unknown_error", "CUDA could not initialise (CUDA unknown error)",
+              (r"CUDA unknown error - this may be due to an incorrectly set up environment",),
+              "load nvidia_uvm on the host and hand /dev/nvidia-uvm and /dev/nvidia-uvm-tools through (container "
+              "stage: devN); if they are there, reload nvidia_uvm",
+              "cuInit returned 999: the nvidia-uvm device nodes are missing or denied, or nvidia_uvm is wedged"),
+    # torch 2.9.1 c10/cuda/CUDAFunctions.cpp:94 (the only "Error N: <text>" form).
+    Signature("cuda_driver_mismatch", "the container's CUDA driver library does not fit the host's kernel module",
+              (r"Error 80[34]: (system has unsupported display driver / cuda driver combination"
+               r"|forward compatibility was attempted on non supported HW)",),
+              "use the host driver's own user space (container.gpu_handoff: host-driver); remove any cuda-compat "
+              "libcuda from LD_LIBRARY_PATH", "libcuda.so.1 in the container is another version than the host module"),
+    # sglang 0.5.9 utils/common.py:2059 (get_device); also follows every CUDA init failure.
+    Signature("no_gpu_visible", "no GPU is visible in the server container",
+              (r"No accelerator \(CUDA, XPU, HPU, NPU, MUSA\) is available",),
+              "check the GPU hand-off: the /dev/nvidia* nodes and libcuda.so.1 in the container (the node's CDI spec, "
+              "or the explicit --device list); `gpunode check` names what is missing",
+              "no libcuda.so.1 or no /dev/nvidiaN in the container", implied_by=_CUDA_INIT),
+    # sglang 0.5.9 utils/common.py:1757-1760 (get_nvgpu_memory_capacity).
+    Signature("nvidia_smi_missing", "nvidia-smi is not in the server container",
+              (r"nvidia-smi not found\. Ensure NVIDIA drivers are installed",),
+              "the driver tree's bin/ must be mounted at /usr/local/nvidia/bin, on PATH (node stage; `gpunode check`)",
+              "sglang 0.5.9 runs nvidia-smi while it reads its arguments"),
+    # transformers 5.2.0 models/auto/configuration_auto.py:1445-1448.
+    Signature("model_dir_empty", "the model directory has no config.json",
+              (r"Unrecognized model in \S+\. Should have a `model_type` key in its config\.json",),
+              "put the whole checkpoint (config.json, tokenizer files, *.safetensors and the index) at model.path "
+              "on the node", "the directory exists but is empty or incomplete (a copy not finished?)"),
+    # transformers 5.2.0 utils/hub.py:468 (huggingface_hub's HFValidationError, re-raised).
+    Signature("model_path_missing", "the model path does not exist in the container",
+              (r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'",),
+              "point model.path at the directory that holds config.json",
+              "--model-path names a folder that is not there, so transformers took it for a hub id"),
+    # transformers 5.2.0 utils/hub.py:493-497.
+    Signature("model_not_cached_offline", "a hub id was given, and the server never downloads",
+              (r"We couldn't connect to 'https://huggingface\.co' to load the files",),
+              "give the local checkpoint directory as model.path (the server runs with HF_HUB_OFFLINE=1)",
+              "the model is named by its hub id with offline mode on"),
+    # moby volume/mounts/errors.go (errBindSourceDoesNotExist): Docker refuses the container.
+    Signature("bind_source_missing", "the model directory does not exist on the node",
+              (r"bind source path does not exist",),
+              "create or copy the checkpoint at the host file's model.path on the node",
+              "Docker cannot bind-mount a path that is not there"),
+    # transformers 5.2.0 configuration_utils.py:665.
+    Signature("config_not_json", "config.json is not valid JSON",
+              (r"It looks like the config file at '.+' is not a valid JSON file",),
+              "copy config.json again from the checkpoint", "a truncated or empty config.json (a partial copy)"),
+    # transformers 5.2.0 models/auto/configuration_auto.py:1433-1442 (4.57.1 words it the same).
+    Signature("model_type_unknown", "transformers does not know the model type",
+              (r"has model type `[^`]+` but Transformers does not recognize this architecture",),
+              "rebuild the image from its lock: GLM-5 (glm_moe_dsa) needs transformers >= 5.2 over sglang's 4.57.1 pin",
+              "transformers is older than the checkpoint"),
+    # sglang 0.5.9 model_loader/loader.py:467-470 (DefaultModelLoader._prepare_weights).
+    Signature("weights_missing", "the checkpoint has no weight files",
+              (r"Cannot find any model weights with `[^`]*`",),
+              "finish copying the checkpoint (*.safetensors, ~410-453 GB) into model.path",
+              "config.json is there, the *.safetensors are not"),
+    # sglang 0.5.9 model_loader/utils.py:53-60.
+    Signature("arch_unsupported", "the checkpoint's architecture is not one sglang can run",
+              (r"Cannot find model module\. '[^']+' is not a registered model",),
+              "use the GLM-5 NVFP4 checkpoint (architectures: GlmMoeDsaForCausalLM)",
+              "config.json names another architecture"),
+    # sglang 0.5.9 model_executor/model_runner.py:840-845.
+    Signature("gpu_busy", "another process holds memory on some GPUs",
+              (r"The memory capacity is unbalanced\. Some GPUs may be occupied by other processes",),
+              "run nvidia-smi on the node and stop what holds GPU memory (an old server or benchmark)",
+              "the GPUs do not have the same free memory"),
+    # sglang 0.5.9 model_executor/cuda_graph_runner.py:369-374 (before cuda_oom: other advice).
+    Signature("cuda_graph_oom", "out of GPU memory while capturing CUDA graphs",
+              (r"Capture cuda graph failed: ",),
+              "lower --cuda-graph-max-bs (e.g. 256) or --mem-fraction-static in server.flags",
+              "CUDA graph capture needs memory beyond the KV cache"),
+    # sglang 0.5.9 model_executor/model_runner_kv_cache_mixin.py:415-419.
+    Signature("kv_cache_no_room", "no GPU memory left for the KV cache",
+              (r"Not enough memory\. Please try to increase --mem-fraction-static",),
+              "raise --mem-fraction-static (server.flags: the fraction covers weights and KV), or give the model "
+              "more GPUs; check nothing else holds GPU memory",
+              "after the weights, the memory fraction leaves no room for KV"),
+    # torch 2.9.1 c10/cuda/CUDACachingAllocator.cpp (OutOfMemoryError) and CUDAException.cpp.
+    Signature("cuda_oom", "CUDA out of memory",
+              (r"CUDA out of memory\. Tried to allocate", r"CUDA error: out of memory"),
+              "lower --mem-fraction-static (0.92 -> 0.88) or --max-running-requests in server.flags; check with "
+              "nvidia-smi that no other process holds GPU memory (a previous server still running?)",
+              "weights, KV cache and activations do not fit", implied_by=("cuda_graph_oom",)),
+    # sglang 0.5.9 mem_cache/common.py:216-224, 284-292, 319-324, 410-418.
+    Signature("kv_pool_exhausted", "the KV pool ran out while serving",
+              (r"(Prefill |Decode )?[Oo]ut of memory\. Try to lower your batch size",
+               r"Out of memory even after retracting", r"alloc_req_slots runs out of memory"),
+              "lower --max-running-requests in server.flags, or raise --mem-fraction-static",
+              "more requests and context than the KV pool holds"),
+    # sglang 0.5.9 distributed/device_communicators/pynccl_wrapper.py:373-376 (NCCL v2.27.5
+    # src/init.cc:2376-2388); torch 2.9.1 NCCLUtils.cpp (DistBackendError); NCCL checks.h:16.
+    Signature("nccl_error", "NCCL failed to set up or run a collective",
+              (r"RuntimeError: NCCL error: ", r"NCCL error in: .*ProcessGroupNCCL\.cpp:\d+",
+               r"Cuda failure (\d+ )?'peer access is not supported between these two devices'"),
+              _P2P_FIX, "GPU peer-to-peer or IPC across the TP ranks failed (or /dev/shm is too small)"),
+    # torch 2.9.1 torch/csrc/distributed/c10d/TCPStore.cpp.
+    Signature("dist_init_timeout", "a TP rank never joined the process group",
+              (r"Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined",),
+              "find the TP rank without `Init torch distributed ends` in the log and check its GPU",
+              "one scheduler hung before the rendezvous"),
+    # sglang 0.5.9 model_executor/model_runner.py:1069-1082 (480 s barrier).
+    Signature("load_unbalanced", "one TP rank took far longer to load its weights",
+              (r"could finish the model loading, but there are other ranks that didn't finish loading",),
+              "put the checkpoint on fast local storage; read the other ranks' lines for a failure",
+              "slow storage or a rank that died while loading"),
+    # sglang 0.5.9 utils/watchdog.py:147-161 (default 300 s, server_args.py:359).
+    Signature("scheduler_watchdog", "a forward pass took longer than sglang's watchdog allows",
+              (r"Scheduler watchdog timeout \(self\.watchdog_timeout=[\d.]+",),
+              "if it fired at the first request: FlashInfer was compiling its SM120 kernels; build them into the "
+              "image (image.flashinfer_aot: profile, a base with nvcc) and raise --watchdog-timeout; if later, run "
+              "`gpunode p2p` (a hung all-reduce)",
+              "a JIT compile inside the warm-up, or a hung collective"),
+    # torch 2.9.1 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL::checkTimeout).
+    Signature("nccl_watchdog", "an NCCL collective hung (torch's watchdog)",
+              (r"Watchdog caught collective operation timeout: WorkNCCL\(",
+               r"Some NCCL operations have failed or timed out"),
+              _P2P_FIX, "an all-reduce hung for 10 min: a P2P path that drops data, or one rank stuck"),
+    # flashinfer-python 0.6.3 jit/cpp_ext.py:56-59 (get_cuda_path).
+    Signature("jit_no_nvcc", "FlashInfer needs nvcc to compile a kernel and the image has none",
+              (r"Could not find nvcc and default cuda_home=",),
+              "build the image on a base with CUDA 12.8's toolchain (image.base nvidia/cuda:12.8.1-cudnn-devel-"
+              "ubuntu24.04) and let it build the profile's modules ahead of time (image.flashinfer_aot: profile)",
+              "on SM120 FlashInfer ships no cubins; its kernels are compiled at first use"),
+    # flashinfer-python 0.6.3 jit/cpp_ext.py:336-340 (run_ninja).
+    Signature("jit_build_failed", "FlashInfer's JIT compile failed",
+              (r"Ninja build failed\.",),
+              "check CUDA_HOME and nvcc in the image (`gpunode image verify`): nvcc must compile for the GPUs' arch",
+              "CUDA_HOME points at nothing usable, or nvcc is too old for the target"),
+    # flashinfer-python 0.6.3 jit/core.py:289-295.
+    Signature("jit_disabled", "a FlashInfer module is missing and JIT is disabled",
+              (r"JIT compilation is disabled via FLASHINFER_DISABLE_JIT",),
+              "build the module ahead of time (image.flashinfer_aot) or unset FLASHINFER_DISABLE_JIT",
+              "the launch needs a module that was not built into the image"),
+    # sglang 0.5.9 http_server.py:1758-1813 (the warm-up request's 600 s timeout).
+    Signature("warmup_failed", "the warm-up request failed or timed out",
+              (r"Initialization failed\. warmup error:",),
+              "with a cold JIT cache the first request compiles FlashInfer's kernels: build them ahead of time "
+              "(image.flashinfer_aot: profile) or raise SGLANG_WARMUP_TIMEOUT in server.env",
+              "the first generation took longer than the warm-up allows, or failed"),
+    # sglang 0.5.9 models/deepseek_common/attention_forward_methods/forward_mha.py:450
+    # (FlashInfer MLA's PrefillMetadata has no page_table_1_flattened) and :451-453.
+    Signature("page_table_1_flattened", "the FP8-KV MHA prefill path of sglang 0.5.9 (page_table_1_flattened)",
+              (r"has no attribute 'page_table_1_flattened'",
+               r"page_table_1_flattened should have been generated"),
+              "keep --kv-cache-dtype bf16 or both --nsa-prefill-backend and --nsa-decode-backend trtllm (the profile "
+              "sets both; check server.flags does not change them); --disable-chunked-prefix-cache also avoids it",
+              "flashinfer attention with FP8 KV and a prefix of 8192+ tokens (radix hit or chunked prefill)"),
+    # torch 2.9.1 aten/src/ATen/native/Distributions.cpp (multinomial); sglang 0.5.9 layers/sampler.py:66-72.
+    Signature("nan_in_sampling", "NaN/inf in the logits",
+              (r"probability tensor contains either .inf., .nan. or element < 0",
+               r"Detected errors during sampling! NaN in the logits"),
+              "keep --nsa-decode-backend trtllm and --nsa-prefill-backend trtllm, --kv-cache-dtype bf16 and "
+              "--fp4-gemm-backend flashinfer_cudnn (flashinfer#2708); check server.flags does not override them",
+              "NaN from the SM120 attention or FP4 GEMM kernels, or corrupted all-reduce data"),
+    # uvicorn server.py:179-182 (inside the container), Docker's port allocator (outside).
+    Signature("port_in_use", "the server port is taken",
+              (r"error while attempting to bind on address .*: address already in use",
+               r"port is already allocated"),
+              "stop what listens there (an old server container?) or choose another server.port",
+              "another process holds the port"),
+)
+_BY_KEY = {signature.key: signature for signature in SIGNATURES}
+
+# What a failing log shows besides the named messages: Python tracebacks and exceptions,
+# argparse errors, the parent noticing a child died (sglang 0.5.9 engine.py, common.py).
+_ERRORISH = re.compile(r"(Traceback \(most recent call last\)|^\w+(\.\w+)*(Error|Exception): |: error: |\bFAILED\b|Received sigquit|SIGQUIT received)")
 _SECRET_ASSIGNMENTS = re.compile(r"((?:admin_)?api_key=)('[^']*'|\"[^\"]*\")")
 
 
@@ -101,16 +249,42 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return _SECRET_ASSIGNMENTS.sub(r"\1'***'", text)
 
 
+_COMPILED = tuple((signature, tuple(re.compile(p) for p in signature.patterns)) for signature in SIGNATURES)
+
+
 def match_signature(text: str) -> tuple[Signature, str] | None:
-    """The first known signature found in ``text`` and the line it was found on."""
+    """The signature of the failure that began first in ``text``, and the line that shows it."""
+    found = findings(text)
+    if not found:
+        return None
+    return _BY_KEY[found[0].id], found[0].line
+
+
+def findings(text: str, secrets: Iterable[str] = ()) -> list[Finding]:
+    """Every named failure in a log, ordered by the line where each first shows; symptoms that a
+    finding explains are left out. Unnamed errors give one ``unknown`` finding; a healthy log none."""
+    secrets = tuple(secrets)
     lines = text.splitlines()
-    for signature in SIGNATURES:
-        for pattern in signature.patterns:
-            regex = re.compile(pattern)
-            for line in reversed(lines):
-                if regex.search(line):
-                    return signature, line.strip()
-    return None
+    first: dict[str, tuple[int, str]] = {}
+    for index, line in enumerate(lines):
+        for signature, regexes in _COMPILED:
+            if signature.key not in first and any(regex.search(line) for regex in regexes):
+                first[signature.key] = (index, line.strip())
+    named = [key for key in sorted(first, key=lambda k: first[k][0])
+             if not any(other in first for other in _BY_KEY[key].implied_by)]
+    if named:
+        return [Finding(key, _BY_KEY[key].title, _BY_KEY[key].cause, _BY_KEY[key].fix,
+                        redact(first[key][1], secrets)[:500]) for key in named]
+    errors = error_lines(text)
+    if not errors:
+        return []
+    return [Finding("unknown", "a failure no signature names", "see the log lines",
+                    "read the whole log (docker logs <container>); these are its last error lines",
+                    redact(" | ".join(errors[-5:]), secrets)[:1500])]
+
+
+def error_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if _ERRORISH.search(line)]
 
 
 def last_error_line(text: str) -> str:
@@ -123,12 +297,12 @@ def last_error_line(text: str) -> str:
 
 def diagnose(log_text: str, exit_code: int | None = None, oom_killed: bool = False,
              secrets: Iterable[str] = ()) -> Diagnosis:
-    """Name the failure seen in a server's log, with its fix. Always returns something."""
+    """The failure that began first in a server's log, with its fix (what serve reports when a
+    start fails). Always returns something."""
     secrets = tuple(secrets)
-    found = match_signature(log_text)
-    if found:
-        signature, line = found
-        return Diagnosis(signature.key, signature.title, signature.fix, redact(line, secrets)[:500], exit_code)
+    named = [f for f in findings(log_text, secrets) if f.id != "unknown"]
+    if named:
+        return Diagnosis(named[0].id, named[0].summary, named[0].fix, named[0].line, exit_code)
     if oom_killed:
         return Diagnosis("host_oom", "the kernel's OOM killer stopped the server (host RAM, not GPU memory)",
                          "give the container more memory (container.memory_gb) or lower OMP_NUM_THREADS; "
