@@ -85,15 +85,18 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
 @contextmanager
 def fake_server(tmp: Path, *, served_name: str = "glm-5", api_key: str | None = None,
                 env: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
-                wait: bool = True) -> Iterator[tuple[FakeProcess, str]]:
-    """Start the fake (fast timings unless ``env`` says otherwise); yields it and its base URL."""
+                wait: bool = True, parsers: bool = True) -> Iterator[tuple[FakeProcess, str]]:
+    """Start the fake (fast timings unless ``env`` says otherwise); yields it and its base URL.
+    ``parsers``: the profile's --reasoning-parser and --tool-call-parser, as the launch has them."""
     port = free_port()
     args = ["--model-path", str(model_dir(tmp)), "--served-model-name", served_name, "--host", "127.0.0.1",
-            "--port", str(port), "--tp-size", "2", *extra_args]
+            "--port", str(port), "--tp-size", "2",
+            *(["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"] if parsers else []), *extra_args]
     if api_key:
         args += ["--api-key", api_key]
     quick = {"FAKE_SGLANG_LOAD_S": "0.05", "FAKE_SGLANG_AUTOTUNE_S": "0.01", "FAKE_SGLANG_WARMUP_S": "0.05",
-             "FAKE_SGLANG_HEALTH_TICK_S": "0.05", "FAKE_SGLANG_TOKEN_S": "0.001", "FAKE_SGLANG_TTFT_S": "0.002"}
+             "FAKE_SGLANG_HEALTH_TICK_S": "0.05", "FAKE_SGLANG_TOKEN_S": "0.001", "FAKE_SGLANG_TTFT_S": "0.002",
+             "FAKE_SGLANG_DRAIN_TICK_S": "0.05"}
     process = FakeProcess(args, {**quick, **(env or {})}, tmp / f"fake-{port}.log")
     try:
         if wait:

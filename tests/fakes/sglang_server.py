@@ -2,9 +2,9 @@
 """A stand-in for SGLang 0.5.9's HTTP server and its startup, for tests. Standard library only: it
 runs both as a local subprocess and inside the bare Debian test image (src/gpunode/labimage.py).
 
-It takes the real launch command line (``--model-path --served-model-name --host --port --api-key
---config ...``; unknown flags are ignored, so the profile's argv works unchanged) and reproduces,
-as read from the sglang 0.5.9 wheel's source:
+It takes the real launch command line, parsed by sglang 0.5.9's own flags and choices kept as data
+(sglang_0_5_9_args.json: an unknown flag or a bad value exits 2 with argparse's words, as the real
+one does), and reproduces, as read from the sglang 0.5.9 wheel's source:
 
 * the startup sequence and its log lines (srt/model_executor/model_runner.py,
   model_runner_kv_cache_mixin.py, managers/scheduler.py, entrypoints/engine.py, http_server.py):
@@ -24,6 +24,7 @@ as read from the sglang 0.5.9 wheel's source:
   FAKE_SGLANG_HEALTH_TICK_S       health's poll tick (sglang: asyncio.sleep(1)); default 1
   FAKE_SGLANG_FAULTS=a,b          wrong answers and malformed results, see FAULTS below
   FAKE_SGLANG_TOKEN_S, FAKE_SGLANG_TTFT_S                           generation timing (s)
+  FAKE_SGLANG_DRAIN_TICK_S        the drain's check interval after SIGTERM (sglang: 5 s)
   SGLANG_HEALTH_CHECK_TIMEOUT     honoured as sglang does (default 20)
 
 A missing model directory, or one without config.json, fails the way transformers 5.2 does.
@@ -110,22 +111,42 @@ def read_config_file(path: str) -> list[str]:
     return argv
 
 
+ARGS_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_0_5_9_args.json")
+VALUE_TYPES = {"int": int, "float": float}  # the rest (str, json, json_list_type, nullable_str) take text
+DEFAULTS = {"host": "127.0.0.1", "port": 30000, "tensor_parallel_size": 1}  # server_args.py ServerArgs defaults
+
+
+def real_parser() -> argparse.ArgumentParser:
+    """sglang 0.5.9's own parser, rebuilt from the data dumped from it (sglang_0_5_9_args.json): every
+    flag, its arity, number type and choices, so a misspelt flag or a bad value exits 2 with argparse's
+    own words, as prepare_server_args (server_args.py:5579-5592) does."""
+    with open(ARGS_DATA, encoding="utf-8") as handle:
+        data = json.load(handle)
+    parser = argparse.ArgumentParser(prog=data["prog"])
+    for action in data["actions"]:
+        kwargs: dict[str, Any] = {"dest": action["dest"], "required": action["required"]}
+        if not action["takes_value"]:
+            kwargs["action"] = "store_true"
+        else:
+            if action["nargs"] is not None:
+                kwargs["nargs"] = action["nargs"]
+            if action["type"] in VALUE_TYPES:
+                kwargs["type"] = VALUE_TYPES[action["type"]]
+            if action["choices"] is not None:
+                kwargs["choices"] = action["choices"]
+        parser.add_argument(*action["flags"], **kwargs)
+    return parser
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--config" in argv:
         at = argv.index("--config")
         argv = read_config_file(argv[at + 1]) + argv[:at] + argv[at + 2:]
-    parser = argparse.ArgumentParser(allow_abbrev=True)
-    parser.add_argument("--model-path", "--model", dest="model_path", required=True)
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--tokenizer-path", default=None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--tp-size", type=int, default=1)
-    parser.add_argument("--max-running-requests", type=int, default=None)
-    parser.add_argument("--reasoning-parser", default=None)
-    parser.add_argument("--tool-call-parser", default=None)
-    args, _unknown = parser.parse_known_args(argv)
+    args = real_parser().parse_args(argv)
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.tp_size = args.tensor_parallel_size  # ServerArgs' field; the parser's dest is the long name
     args.served_model_name = args.served_model_name or args.model_path
     args.tokenizer_path = args.tokenizer_path or args.model_path
     return args
@@ -205,6 +226,13 @@ class State:
         self.created = int(time.time())
         self.generate_calls = 0
         self.calls_lock = threading.Lock()
+        self.draining = False  # tokenizer_manager.py gracefully_exit, set by SIGTERM after start-up
+        self.inflight: set[str] = set()
+        self.drain_tick = env_float("FAKE_SGLANG_DRAIN_TICK_S", 5.0)  # the real watchdog's 5 s loop
+
+    def track(self, rid: str, on: bool) -> None:
+        with self.calls_lock:
+            (self.inflight.add if on else self.inflight.discard)(rid)
 
 
 def chat_choice(state: State, body: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +248,11 @@ def chat_choice(state: State, body: dict[str, Any]) -> dict[str, Any]:
     if "no_reasoning" in faults:
         reasoning = ""
     reasoning_content = reasoning if thinking and reasoning else None
+    if state.args.reasoning_parser is None:
+        # serving_chat.py:926-927, 968-970: no parser, no split: reasoning_content stays null and the
+        # thinking stays in the text, up to GLM's closing tag.
+        answer = f"{reasoning}</think>{answer}" if thinking and reasoning else answer
+        reasoning_content = None
     tool_choice = body.get("tool_choice")
     tools = body.get("tools") or []
     finish = "stop"
@@ -234,8 +267,10 @@ def chat_choice(state: State, body: dict[str, Any]) -> dict[str, Any]:
             arguments = arguments[:-1] if len(arguments) > 2 else "{city: Paris"
         name = "other_function" if "tool_wrong_name" in faults else wanted
         finish = "stop" if "tool_finish_stop" in faults else "tool_calls"
-        if "no_tool_call" in faults:
+        if "no_tool_call" in faults or state.args.tool_call_parser is None:
+            # serving_chat.py:949-962: without --tool-call-parser the constrained call stays text.
             content = json.dumps([{"name": name, "parameters": params}])
+            finish = "stop"
         else:
             content = None  # _process_tool_calls returns "" as text -> content None
             tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "index": 0, "type": "function",
@@ -428,6 +463,14 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"detail": "Not Found"})  # FastAPI's default 404
 
     def do_POST(self) -> None:  # noqa: N802
+        rid = uuid.uuid4().hex
+        self.state.track(rid, True)
+        try:
+            self._post()
+        finally:
+            self.state.track(rid, False)
+
+    def _post(self) -> None:
         path = self.path.split("?", 1)[0]
         if not self._authorized():
             return
@@ -450,6 +493,11 @@ class Handler(BaseHTTPRequestHandler):
         """http_server.py health_generate: 503 while Starting; else a 1-token generation, polled every
         1 s for up to HEALTH_CHECK_TIMEOUT; 200 on any answer, else 503 and status UnHealthy."""
         state = self.state
+        if state.draining:
+            # http_server.py:474-476: while draining, health answers 503 with no body.
+            state.log.main("Health check request received during shutdown. Returning 503.")
+            self._send(503)
+            return
         if state.status == "Starting":
             self._send(503)
             return
@@ -660,9 +708,11 @@ def start_http(state: State) -> ThreadingHTTPServer:
 
 
 def run(argv: list[str]) -> None:
+    global STATE
     args = parse_args(argv)
     log = Log(args.tp_size)
     state = State(args, log)
+    STATE = state
     crash = os.environ.get("FAKE_SGLANG_CRASH", "")
     if crash and crash not in TRACEBACKS:
         raise SystemExit(f"fake sglang: unknown FAKE_SGLANG_CRASH {crash!r}")
@@ -704,8 +754,35 @@ def run(argv: list[str]) -> None:
         signal.pause()
 
 
+STATE: State | None = None  # the running server's, for the signal handler
+
+
+def drain(state: State) -> None:
+    """tokenizer_manager.py:2113-2149: every 5 s, log what remains; exit when nothing does. New
+    requests are still served meanwhile (and make the drain longer)."""
+    started = time.monotonic()
+    while True:
+        # The watchdog ticks from the server's start, so the first check comes 0-5 s after the signal.
+        time.sleep(state.drain_tick - (time.monotonic() - started) % state.drain_tick)
+        with state.calls_lock:
+            remaining = sorted(state.inflight)
+        state.log.main(f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
+                       f"Remaining requests remaining_rids={remaining}.")
+        if not remaining:
+            os._exit(0)  # as PID 1 the real one ends with SystemExit(0) (utils/common.py:1152-1153)
+
+
 def on_stop(signum: int, _frame: Any) -> None:
-    # SIGTERM (docker stop) ends the server at once, in any phase.
+    """SIGTERM after start-up drains (tokenizer_manager.py:2500-2504); before it, and on SIGINT,
+    uvicorn's own handler ends the server at once."""
+    state = STATE
+    if signum == signal.SIGTERM and state is not None and state.status != "Starting" and not state.draining:
+        state.log.main("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        state.draining = True
+        threading.Thread(target=drain, args=(state,), daemon=True).start()
+        return
+    if state is not None and state.draining:
+        return
     sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Received signal {signum}; exiting\n")
     sys.stderr.flush()
     os._exit(0)
