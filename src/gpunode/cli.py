@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from gpunode.hostfile import Host, HostFile
 
+AB_PRESETS_HELP = ("attention (--attention-backend flashinfer,triton)",
+                   "moe (--moe-runner-backend flashinfer_cutlass,flashinfer_cutedsl)")
 EXIT_CODES_HELP = "Exit codes: 0 done, 1 a stage failed, 2 bad input, 3 host unreachable, 4 environment problem, 130 interrupted."
 
 app = typer.Typer(
@@ -437,45 +439,74 @@ def image_verify(
 def bench(
     path: HostFileArg,
     host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="the running server (default: the host file's bind:port)")] = None,
     levels: Annotated[Optional[str], typer.Option("--levels", help="concurrency list, e.g. 1,10,64,256,1024")] = None,
     input_len: Annotated[Optional[int], typer.Option("--input-len", help="random-ids input tokens")] = None,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="random-ids output tokens")] = None,
-    ab: Annotated[Optional[str], typer.Option("--ab", help="KEY=V1,V2: restart the server per value, sweep each")] = None,
+    range_ratio: Annotated[float, typer.Option("--range-ratio", help="bench_serving's --random-range-ratio: 1.0 "
+                                               "sends exactly the lengths given, r < 1 draws each from [N*r, N]")] = 1.0,
+    ab: Annotated[Optional[str], typer.Option("--ab", help="KEY=V1,V2 (restart the server per value, sweep each), "
+                                              "or a ready pair: " + ", ".join(AB_PRESETS_HELP))] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="an earlier results.jsonl to compare with")] = None,
     p2p_json: Annotated[Optional[Path], typer.Option("--p2p-json", help="`gpunode p2p --json` output, for the roofline")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="results folder")] = Path("results"),
-    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine")] = None,
+    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine (default: "
+                                                      "the node's, over SSH)")] = None,
 ) -> None:
-    """Sweep sglang.bench_serving over concurrency levels with NVML power sampling; write a report,
-    plots and a comparison; --ab puts backends side by side.
+    """Sweep sglang.bench_serving over concurrency levels against the node's server; write a report,
+    plots and a comparison; --ab puts backends side by side. The bench runs where the server does: in
+    a container from the server's image on the node's engine (over SSH), on the node's network.
+    GPU power is sampled through NVML when gpunode runs on the node itself (host file ssh.connection:
+    local); elsewhere the report says the node's GPUs were not sampled.
 
     Exit codes: 0 ok, 1 failed requests or a level >10 % worse than the baseline, 2 bad input,
-    4 the bench could not run.
+    4 the bench could not run (the node or its engine unreachable).
     """
     chosen = _one_host(path, host)
     try:
         level_list = [int(v) for v in levels.split(",")] if levels else None
     except ValueError:
         _die(2, [f"--levels {levels!r}: give whole numbers separated by commas"])
+    from gpunode.bench.command import AB_PRESETS, profile_defaults
     from gpunode.bench.command import bench as run_bench
-    from gpunode.bench.command import profile_defaults
     from gpunode.bench.restart import serve_restart
-    from gpunode.engine import docker_client
-    from gpunode.plan import image_tag, server_launch
+    from gpunode.bench.sampler import UnavailableSampler
+    from gpunode.engine import EngineUnreachable, Forward, docker_client, forward
+    from gpunode.plan import server_image, server_launch
+    from gpunode.serve.command import probe_address
+    from gpunode.serve.docker_run import ServeError
     from gpunode.smoke.bench import DockerBenchRunner
+    from gpunode.stagerun import node_serve_settings
 
     defaults = profile_defaults(chosen.server.profile)
-    tag = image_tag(chosen)
-    client = docker_client(docker_url)
-    runner = DockerBenchRunner(client, tag, str(chosen.model.path))
+    tag = server_image(chosen)
     argv = list(server_launch(chosen).argv)
     tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
     api_key = chosen.server.api_key.resolve() if chosen.server.api_key else None
-    target = url or f"http://{chosen.server.bind}:{chosen.server.port}"
-    code = run_bench(target, chosen.served_name, level_list or defaults[0], input_len or defaults[1],
-                     output_len or defaults[2], runner, None, serve_restart(chosen, tag, docker_url, _err()) if ab else None,
-                     ab, baseline, out_dir, api_key=api_key, tp_size=tp, p2p_json=p2p_json)
+    # The bench container runs on the node's network: it reaches the server where the node does.
+    target = f"http://{probe_address(chosen.server.bind)}:{chosen.server.port}"
+    on_node = chosen.container.reach.connection == "local"
+    sampler = None if on_node else UnavailableSampler(
+        f"not sampled: gpunode ran on this machine, not on the node {chosen.container.reach.address} "
+        "(run gpunode on the node to sample its GPUs through NVML)")
+    ab = AB_PRESETS.get(ab, ab) if ab else ab
+
+    def sweep(engine_url: str | None, fw: Forward | None = None) -> int:
+        runner = DockerBenchRunner(docker_client(engine_url), tag, str(chosen.model.path), server_url=target)
+        restart = None
+        if ab:
+            settings = {k: v for k, v in node_serve_settings(chosen, fw).items() if k != "notes"} if fw else {}
+            restart = serve_restart(chosen, tag, engine_url, _err(), **settings)
+        return run_bench(target, chosen.served_name, level_list or defaults[0], input_len or defaults[1],
+                         output_len or defaults[2], runner, sampler, restart, ab, baseline, out_dir,
+                         api_key=api_key, tp_size=tp, p2p_json=p2p_json, range_ratio=range_ratio)
+
+    try:
+        if docker_url:
+            raise typer.Exit(sweep(docker_url))
+        with forward(chosen.container.reach) as fw:
+            code = sweep(fw.docker_url, fw)
+    except (EngineUnreachable, ServeError) as exc:
+        _die(4, [str(exc)])
     raise typer.Exit(code)
 
 

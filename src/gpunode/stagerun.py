@@ -186,22 +186,30 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
     buffer = io.StringIO()
-    memlock, notes = -1, []
-    if host.lab:
-        memlock = _engine_memlock_limit(docker_client(fw.docker_url), plan.server_image(host))
-        if memlock != -1:
-            notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
-                         "a real node gives the server unlimited")
     try:
-        handoff = _handoff(host, docker_client(fw.docker_url))
+        settings = node_serve_settings(host, fw)
     except ServeError as exc:
         return StageResult(failed=True, summary=[f"serve: {exc}"])
-    outcome = run_serve(host, plan.server_image(host), fw.docker_url, _console(buffer), timeout_s,
-                        gpu_handoff=handoff, memlock_bytes=memlock, engine_is_local=False)
+    notes = settings.pop("notes")
+    outcome = run_serve(host, plan.server_image(host), fw.docker_url, _console(buffer), timeout_s, **settings)
     action = outcome.start.action if outcome.start else "none"
     lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
     return StageResult(changed=action in ("started", "created", "replaced"), failed=outcome.exit_code != 0,
                        summary=lines, data=outcome.as_dict())
+
+
+def node_serve_settings(host: Host, fw: Forward) -> dict[str, Any]:
+    """How the server starts on the node's engine (run_serve's keywords, plus ``notes``): the GPU
+    hand-off the node stage set up, and in a lab the memlock limit its machine can give. The serve
+    stage and `gpunode bench --ab`'s restarts start it the same way."""
+    client = docker_client(fw.docker_url)
+    memlock, notes = -1, []
+    if host.lab:
+        memlock = _engine_memlock_limit(client, plan.server_image(host))
+        if memlock != -1:
+            notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
+                         "a real node gives the server unlimited")
+    return {"gpu_handoff": _handoff(host, client), "memlock_bytes": memlock, "engine_is_local": False, "notes": notes}
 
 
 def _engine_memlock_limit(client: Any, image: str) -> int:

@@ -12,6 +12,7 @@ import docker
 import pytest
 
 from gpunode.labimage import ensure_fake_image
+from gpunode.serve.spec import jit_cache_volume
 
 
 @pytest.fixture(scope="session")
@@ -34,13 +35,16 @@ def fake_image(docker_client: docker.DockerClient) -> str:
 
 @pytest.fixture
 def container_name(docker_client: docker.DockerClient) -> Iterator[str]:
-    """A unique server container name, removed (with any bench containers) after the test."""
+    """A unique server container name, removed (with any bench containers, and the JIT cache volume
+    the server spec names after it) after the test."""
     name = f"gpunode-test-sglang-{uuid.uuid4().hex[:8]}"
     yield name
     for container in docker_client.containers.list(all=True, filters={"name": name}):
         container.remove(force=True)
     for container in docker_client.containers.list(all=True, filters={"label": "io.gpunode.role=sglang-bench"}):
         container.remove(force=True)
+    for volume in docker_client.volumes.list(filters={"name": jit_cache_volume(name)}):
+        volume.remove(force=True)
 
 
 @pytest.fixture(scope="session")

@@ -93,8 +93,11 @@ def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient,
                                                                        "stack": 64 * 1024 * 1024}
     port = host.server.port
     assert host_config["PortBindings"] == {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
-    (mount,) = attrs["Mounts"]
-    assert mount["Destination"] == "/model" and mount["RW"] is False
+    mounts = {m["Destination"]: m for m in attrs["Mounts"]}
+    assert set(mounts) == {"/model", "/var/cache/gpunode"} and mounts["/model"]["RW"] is False
+    # FlashInfer's JIT cache: a named volume that outlives the container.
+    assert mounts["/var/cache/gpunode"]["Type"] == "volume" and mounts["/var/cache/gpunode"]["Name"] == \
+        f"{container_name}-jit-cache" and mounts["/var/cache/gpunode"]["RW"] is True
     # The device nodes arrive with NVIDIA's numbers (195 = 0xc3).
     assert container.exec_run(["stat", "-c", "%t:%T", "/dev/nvidia1"]).output.decode().strip() == "c3:1"
     assert config["Env"] and "HF_HUB_OFFLINE=1" in config["Env"]
@@ -165,6 +168,16 @@ def test_crash_is_diagnosed_and_the_container_stopped(docker_client: docker.Dock
     assert "fix:" in said and f"docker logs {container_name}" in said
     container = docker_client.containers.get(container_name)
     assert container.status == "exited"  # stopped: unless-stopped does not bring it back in a loop
+
+
+def test_a_misspelt_server_flag_fails_as_on_the_node(docker_client: docker.DockerClient, fake_image: str,
+                                                    container_name: str, tmp_path: Path) -> None:
+    """sglang 0.5.9's parser refuses it with exit 2 and these words (run in the real image:
+    tests/image/test_stand_in_parser.py); the stand-in does the same, and serve names it."""
+    host = lab_host(tmp_path, flags={"--tp-size": 2, "--disable-radix-cahce": True})
+    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "bad_argument", said
+    assert outcome.diagnosis.evidence == "launch_server.py: error: unrecognized arguments: --disable-radix-cahce"
 
 
 def test_missing_model_directory_is_refused_by_docker(docker_client: docker.DockerClient, fake_image: str,

@@ -165,16 +165,22 @@ def main(argv: list[str]) -> int:
         raise OSError(f"Can't load tokenizer for '{args.tokenizer}'.")
     url = args.base_url.rstrip("/") + "/generate"
     rng = random.Random(1)
-    prompts = [[rng.randrange(100, 150000) for _ in range(args.random_input_len)] for _ in range(args.num_prompts)]
+    # bench_serving.py:1528-1533: each length uniform in [max(int(N * ratio), 1), N], inputs drawn
+    # first (numpy's generator there, Python's here: the same distribution, other values).
+    input_lens = [rng.randint(max(int(args.random_input_len * args.random_range_ratio), 1), args.random_input_len)
+                  for _ in range(args.num_prompts)]
+    output_lens = [rng.randint(max(int(args.random_output_len * args.random_range_ratio), 1), args.random_output_len)
+                   for _ in range(args.num_prompts)]
+    prompts = [[rng.randrange(100, 150000) for _ in range(length)] for length in input_lens]
     print(f"Starting warmup with {args.warmup_requests} sequences...")
-    warm = [one_request(url, prompts[0], args.random_output_len) for _ in range(args.warmup_requests)]
+    warm = [one_request(url, prompts[0], min(output_lens[0], 32)) for _ in range(args.warmup_requests)]
     if args.warmup_requests > 0 and not any(o.success for o in warm):
         raise ValueError("Warmup failed - Please make sure benchmark arguments are correctly specified. "
                          f"Error: {warm[0].error}")
     print(f"Warmup completed with {args.warmup_requests} sequences. Starting main benchmark run...")
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.max_concurrency or args.num_prompts) as pool:
-        outputs = list(pool.map(lambda ids: one_request(url, ids, args.random_output_len), prompts))
+        outputs = list(pool.map(lambda pair: one_request(url, *pair), zip(prompts, output_lens)))
     duration = time.perf_counter() - began
     result = {"tag": None, "backend": args.backend, "dataset_name": args.dataset_name,
               "request_rate": float(args.request_rate), "max_concurrency": args.max_concurrency,

@@ -126,7 +126,36 @@ def test_without_nvml_the_sweep_still_runs(tmp_path: Path) -> None:
     assert not gpu["available"] and gpu["finding_kind"] == "unavailable" and "NVML" in gpu["reason"]
     report = (results / "report.md").read_text()
     assert "GPU sampling: unavailable (NVML" in report and "the sweep ran without it" in report
-    assert "power plot skipped: no power reading" in report or "plots skipped" in report
+    assert "power plot without curves: no power reading" in report or "plots skipped" in report
+    if (results / "power.png").exists():  # matplotlib installed: the file is there, saying why it is empty
+        assert "![power](power.png)" in report
+
+
+def test_lengths_are_exact_by_default_and_drawn_with_a_ratio(tmp_path: Path) -> None:
+    """bench_serving draws each request's lengths from [max(int(N*r), 1), N]; gpunode passes r=1.0
+    unless told otherwise, so 64 in / 16 out means exactly that, and the report says which."""
+    exact, drawn = tmp_path / "exact", tmp_path / "drawn"
+    with fake_server(tmp_path) as (_process, url):
+        assert bench(url, "glm-5", [2], 64, 16, runner_for(tmp_path), None, None, None, None, exact,
+                     out=io.StringIO()) == 0
+        assert bench(url, "glm-5", [2], 64, 16, runner_for(tmp_path), None, None, None, None, drawn,
+                     out=io.StringIO(), range_ratio=0.5) == 0
+    (one,) = read_lines(exact)
+    prompts = one["gpunode"]["num_prompts"]
+    assert one["gpunode"]["range_ratio"] == 1.0 and one["random_range_ratio"] == 1.0
+    # What the server produced (completion_tokens) and what it was sent: every request exactly N and M.
+    assert (one["total_input_tokens"], one["total_output_tokens"]) == (prompts * 64, prompts * 16)
+    assert "exactly 64 tokens in and 16 out per request (--random-range-ratio 1.0)" in (exact / "report.md").read_text()
+    (two,) = read_lines(drawn)
+    assert prompts * 32 <= two["total_input_tokens"] < prompts * 64 and prompts * 8 <= two["total_output_tokens"] < prompts * 16
+    assert "drawn per request, uniformly: 32-64 tokens in and 8-16 out" in (drawn / "report.md").read_text()
+    assert json.loads((drawn / "summary.json").read_text())["settings"]["range_ratio"] == 0.5
+
+
+def test_a_range_ratio_outside_0_1_is_bad_input(tmp_path: Path) -> None:
+    code = bench("http://127.0.0.1:1", "glm-5", [2], 64, 16, runner_for(tmp_path), None, None, None, None,
+                 tmp_path / "r", out=io.StringIO(), range_ratio=1.5)
+    assert code == 2
 
 
 def test_the_gpu_window_is_the_timed_run(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def test_bench_command_is_the_documented_line() -> None:
     assert argv == ["python3", "-m", "sglang.bench_serving", "--backend", "sglang",
                     "--base-url", "http://127.0.0.1:30000", "--model", "glm-5", "--tokenizer", "/model",
                     "--dataset-name", "random-ids", "--random-input-len", "64", "--random-output-len", "16",
-                    "--num-prompts", "8", "--max-concurrency", "4", "--request-rate", "inf",
+                    "--random-range-ratio", "1.0", "--num-prompts", "8", "--max-concurrency", "4", "--request-rate", "inf",
                     "--output-file", "/tmp/out.jsonl"]
     assert bench.bench_env("k") == {"OPENAI_API_KEY": "k"} and bench.bench_env(None) == {}
 

@@ -45,7 +45,12 @@ DEFAULT_LEVELS = (1, 10, 64, 256, 1024)  # the seeds' MoE backend comparison (FI
 DEFAULT_INPUT_LEN = 256  # FIELD-NOTES s6's bench_serving line
 DEFAULT_OUTPUT_LEN = 128
 MAX_LEN = 200_000  # GLM-5's context is 202752 tokens
-RESERVED_FLAGS = ("--host", "--port", "--api-key")  # the restart's URL and key come from the host file
+RESERVED_FLAGS = ("--host", "--port", "--api-key")
+# Ready A/B pairs (gpunode bench --ab attention). attention: FlashInfer's MLA is what runs attention on
+# SM120 with 0.5.9 (FIELD-NOTES s8), Triton's MLA the alternative that also runs there; moe: the
+# seeds' comparison (seed 001: 1603 vs 797 output tok/s at concurrency 1024).
+AB_PRESETS = {"attention": "--attention-backend=flashinfer,triton",
+              "moe": "--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl"}  # the restart's URL and key come from the host file
 
 FlagValue = str | int | float | bool | None
 Restart = Callable[[dict[str, FlagValue]], str]
@@ -97,8 +102,11 @@ def _positive_int(value: Any) -> bool:
 
 def input_problems(url: str | None, served_name: str, levels: Sequence[int], input_len: int, output_len: int,
                    ab: str | None, restart: Restart | None, out_dir: str | Path,
-                   bandwidth_gbps: float, allreduce_us: float | None, tp_size: int) -> list[str]:
+                   bandwidth_gbps: float, allreduce_us: float | None, tp_size: int,
+                   range_ratio: float = 1.0) -> list[str]:
     problems = []
+    if not isinstance(range_ratio, (int, float)) or isinstance(range_ratio, bool) or not 0 < range_ratio <= 1:
+        problems.append(f"the range ratio must be above 0 and at most 1 (1.0: exact lengths), got {range_ratio!r}")
     if ab is None or url is not None:
         parsed = urlparse(url or "")
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -219,7 +227,8 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
           ab: str | None, baseline: str | Path | None, out_dir: str | Path, *,
           api_key: str | None = None, tp_size: int = 8, bandwidth_gbps: float = roofline.RTX_PRO_6000_GBPS,
           allreduce_us: float | None = None, p2p_json: str | Path | None = None,
-          timeout_s: float = sweep_mod.LEVEL_TIMEOUT_S, restore: bool = True, out: TextIO | None = None) -> int:
+          timeout_s: float = sweep_mod.LEVEL_TIMEOUT_S, restore: bool = True, out: TextIO | None = None,
+          range_ratio: float = 1.0) -> int:
     """Run the sweep against ``url`` (or, with ``ab``, once per value after ``restart``), write the
     results and the report into ``out_dir``, return the exit code (module docstring).
 
@@ -228,14 +237,15 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
     starts here. ``restart(flag_overrides) -> url`` restarts the server with the host file's
     server.flags overridden; after an A/B it is called with ``{}`` to put the host file's flags back
     (``restore``). ``allreduce_us`` or ``p2p_json`` (a ``gpunode p2p --json`` file) give the
-    all-reduce latency for the roofline.
+    all-reduce latency for the roofline. ``range_ratio``: bench_serving's ``--random-range-ratio``;
+    1.0 (the default) sends exactly ``input_len`` in and ``output_len`` out per request.
     """
     out = out or sys.stdout
     levels = list(DEFAULT_LEVELS if levels is None else levels)
     input_len = DEFAULT_INPUT_LEN if input_len is None else input_len
     output_len = DEFAULT_OUTPUT_LEN if output_len is None else output_len
     problems = input_problems(url, served_name, levels, input_len, output_len, ab, restart, out_dir,
-                              bandwidth_gbps, allreduce_us, tp_size)
+                              bandwidth_gbps, allreduce_us, tp_size, range_ratio)
     earlier: list[dict[str, Any]] | None = None
     p2p: dict[str, Any] | None = None
     if baseline is not None:
@@ -264,7 +274,7 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
     run = _Run(folder, out)
     spec = parse_ab(ab) if ab is not None else None
     base = dict(served_name=served_name, input_len=input_len, output_len=output_len, levels=levels,
-                api_key=api_key, timeout_s=timeout_s)
+                range_ratio=range_ratio, api_key=api_key, timeout_s=timeout_s)
     if spec is None:
         assert url is not None
         run.sweep(runner, sampler, sweep_mod.SweepSettings(url=url, **base))  # type: ignore[arg-type]
@@ -287,7 +297,9 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
     plots, skipped = report.plot(run.lines, folder)
     if skipped:
         run.notes.append(skipped)
-    settings = {"input_len": input_len, "output_len": output_len, "url": url if spec is None else "(restarted per value)",
+    settings = {"input_len": input_len, "output_len": output_len, "range_ratio": range_ratio,
+                "lengths": lengths_text(input_len, output_len, range_ratio),
+                "url": url if spec is None else "(restarted per value)",
                 "served_name": served_name, "started_at": started, "sampling": sampling_text(run.first_samples)}
     text = report.markdown(report.ReportInput(title=f"gpunode bench: {served_name}", lines=run.lines,
                                               settings=settings, ab=table, comparison=comparison, roofline=line,
@@ -305,6 +317,18 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
     if run.environment:
         return EXIT_ENVIRONMENT
     return EXIT_OK
+
+
+def lengths_text(input_len: int, output_len: int, range_ratio: float) -> str:
+    """What each request really asks for, as bench_serving draws it (bench_serving.py:1528-1533)."""
+    if range_ratio >= 1:
+        return f"exactly {input_len} tokens in and {output_len} out per request (--random-range-ratio 1.0)"
+
+    def low(n: int) -> int:
+        return max(int(n * range_ratio), 1)
+
+    return (f"drawn per request, uniformly: {low(input_len)}-{input_len} tokens in and {low(output_len)}-"
+            f"{output_len} out (--random-range-ratio {range_ratio})")
 
 
 def _ab(run: _Run, spec: AbSpec, restart: Restart, runner: BenchRunner, sampler: Sampler,
@@ -333,5 +357,5 @@ def _ab(run: _Run, spec: AbSpec, restart: Restart, runner: BenchRunner, sampler:
             run.notes.append(f"after the A/B the server was restarted with the host file's flags ({url})")
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_ENVIRONMENT", "EXIT_FAILED", "EXIT_OK", "AbSpec", "bench", "parse_ab",
+__all__ = ["AB_PRESETS", "EXIT_BAD_INPUT", "EXIT_ENVIRONMENT", "EXIT_FAILED", "EXIT_OK", "AbSpec", "bench", "parse_ab",
            "profile_defaults"]

@@ -127,10 +127,11 @@ def comparison_section(comparison: Comparison) -> list[str]:
 
 def markdown(report: ReportInput) -> str:
     s = report.settings
+    lengths = s.get("lengths") or f"input {s.get('input_len')} / output {s.get('output_len')} tokens"
     out = [f"# {report.title}", "",
-           f"{s.get('started_at', '')}: `sglang.bench_serving --dataset-name random-ids`, input {s.get('input_len')} / "
-           f"output {s.get('output_len')} tokens, max(4 x concurrency, 32) prompts per level, request rate inf, "
-           f"against `{s.get('served_name')}` at {s.get('url')}.", "",
+           f"{s.get('started_at', '')}: `sglang.bench_serving --dataset-name random-ids`, {lengths}, "
+           f"max(4 x concurrency, 32) prompts per level, request rate inf, against `{s.get('served_name')}` at "
+           f"{s.get('url')}.", "",
            f"GPU sampling: {s.get('sampling', '-')}.", ""]
     if report.ab is not None:
         out += [*ab_section(report.ab), ""]
@@ -208,9 +209,17 @@ def plot(lines: Sequence[dict[str, Any]], folder: Path) -> tuple[list[str], str]
 
     has_power = any((line["gpunode"].get("gpu") or {}).get("mean_power_share") is not None for line in lines)
     if not has_power:
+        # The set of files stays the same: power.png says why it has no curve.
         reasons = {str((line["gpunode"].get("gpu") or {}).get("reason") or "") for line in lines} - {""}
         why = f" ({'; '.join(sorted(reasons))})" if reasons else ""
-        return written, "; ".join(filter(None, [skipped, f"power plot skipped: no power reading{why}"]))
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No GPU power readings" + (":\n" + "\n".join(sorted(reasons)) if reasons else ""),
+                ha="center", va="center", wrap=True, fontsize=11)
+        fig.savefig(folder / POWER_PNG, dpi=110)
+        plt.close(fig)
+        written.append(POWER_PNG)
+        return written, "; ".join(filter(None, [skipped, f"power plot without curves: no power reading{why}"]))
     fig, ax = plt.subplots(figsize=(8, 5))
     util_ax = ax.twinx()
     for index, variant in enumerate(names):

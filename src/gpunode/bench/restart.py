@@ -31,14 +31,16 @@ def overridden(host: Any, overrides: Mapping[str, FlagValue]) -> Any:
 
 
 def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: Any,
-                  timeout_s: float | None = None) -> Callable[[dict[str, FlagValue]], str]:
+                  timeout_s: float | None = None, **serve_settings: Any) -> Callable[[dict[str, FlagValue]], str]:
+    """``serve_settings``: run_serve's keywords for the node (gpunode.stagerun.node_serve_settings:
+    the node's GPU hand-off, the lab's memlock), so a restart starts the server as the serve stage does."""
     from gpunode.serve import command as serve_command
 
     wait_s = serve_command.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
 
     def restart(overrides: dict[str, FlagValue]) -> str:
         target = overridden(host, overrides)
-        outcome = serve_command.run_serve(target, image_tag, docker_url, console, wait_s)
+        outcome = serve_command.run_serve(target, image_tag, docker_url, console, wait_s, **serve_settings)
         if outcome.exit_code != serve_command.EXIT_OK:
             why = outcome.diagnosis.title if outcome.diagnosis else "; ".join(outcome.messages) or "not ready"
             raise RestartFailed(f"the server with {dict(overrides) or 'the host file flags'} did not become ready "

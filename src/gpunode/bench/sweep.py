@@ -6,7 +6,7 @@ A level's line is bench_serving's own result line (its field names, as 0.5.9 wri
 arguments), plus our fields under ``"gpunode"``:
 
 ``schema``, ``variant`` and ``ab_flag`` (A/B runs), ``concurrency``, ``num_prompts``, ``input_len``,
-``output_len``, ``url``, ``served_name``, ``started_at`` (UTC), ``wall_s`` (the runner's, container
+``output_len``, ``range_ratio`` (bench_serving's ``--random-range-ratio``: 1.0 exact lengths), ``url``, ``served_name``, ``started_at`` (UTC), ``wall_s`` (the runner's, container
 start and tokenizer load included), ``returncode``, ``ok``, ``failed_requests``, ``error``, ``gpu``
 (the level's ``summary.GpuLevelSummary``: mean and peak power as a share of the limit, utilisation,
 the finding), ``gpu_window_s`` (the samples' time span it covers) and ``samples_file`` (the raw samples, relative to the results folder).
@@ -69,6 +69,7 @@ class SweepSettings:
     input_len: int
     output_len: int
     levels: Sequence[int]
+    range_ratio: float = smoke_bench.RANGE_RATIO
     api_key: str | None = None
     timeout_s: float = LEVEL_TIMEOUT_S
     variant: str | None = None  # the A/B value this sweep runs with
@@ -108,6 +109,7 @@ def run_level(runner: smoke_bench.BenchRunner, sampler: Sampler, settings: Sweep
     ours: dict[str, Any] = {
         "schema": SCHEMA, "variant": settings.variant, "ab_flag": settings.ab_flag, "concurrency": concurrency,
         "num_prompts": prompts, "input_len": settings.input_len, "output_len": settings.output_len,
+        "range_ratio": settings.range_ratio,
         "url": settings.url, "served_name": settings.served_name, "started_at": _utc(),
         "wall_s": None, "returncode": None, "ok": False, "failed_requests": None, "error": None,
         "gpu": None, "gpu_window_s": None, "samples_file": None,
@@ -116,7 +118,8 @@ def run_level(runner: smoke_bench.BenchRunner, sampler: Sampler, settings: Sweep
     def argv_for(path: str) -> list[str]:
         return smoke_bench.bench_command(settings.url, settings.served_name, runner.tokenizer, path,
                                          num_prompts=prompts, max_concurrency=concurrency,
-                                         input_len=settings.input_len, output_len=settings.output_len)
+                                         input_len=settings.input_len, output_len=settings.output_len,
+                                         range_ratio=settings.range_ratio)
 
     sampler.start()
     began = clock()

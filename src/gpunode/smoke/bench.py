@@ -29,6 +29,7 @@ NUM_PROMPTS = 8
 MAX_CONCURRENCY = 4
 INPUT_LEN = 64
 OUTPUT_LEN = 16
+RANGE_RATIO = 1.0  # exact lengths: N in, M out
 BENCH_TIMEOUT_S = 600.0
 # What the report keeps of bench_serving's result line (field names as bench_serving.py writes them).
 KEPT_FIELDS = ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -62,12 +63,16 @@ class BenchRunner(Protocol):
 
 def bench_command(base_url: str, served_name: str, tokenizer: str, output_file: str, *,
                   num_prompts: int = NUM_PROMPTS, max_concurrency: int = MAX_CONCURRENCY,
-                  input_len: int = INPUT_LEN, output_len: int = OUTPUT_LEN) -> list[str]:
+                  input_len: int = INPUT_LEN, output_len: int = OUTPUT_LEN,
+                  range_ratio: float = RANGE_RATIO) -> list[str]:
     """The bench_serving command line. ``random-ids`` needs no dataset download (``random`` would
-    fetch ShareGPT); the tokenizer is the model's own, read from its local directory."""
+    fetch ShareGPT); the tokenizer is the model's own, read from its local directory.
+    ``--random-range-ratio`` is always given: bench_serving 0.5.9 defaults it to 0, which draws each
+    request's lengths uniformly from [1, N] (bench_serving.py:1528-1533); 1.0 makes them exactly N."""
     return ["python3", "-m", MODULE, "--backend", "sglang", "--base-url", base_url, "--model", served_name,
             "--tokenizer", tokenizer, "--dataset-name", "random-ids",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", str(range_ratio),
             "--num-prompts", str(num_prompts), "--max-concurrency", str(max_concurrency),
             "--request-rate", "inf", "--output-file", output_file]
 
