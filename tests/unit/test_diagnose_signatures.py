@@ -82,7 +82,11 @@ REAL: list[tuple[str, str]] = [
                          "value: self.server_args.mem_fraction_static=0.92"),
     # torch 2.9.1 c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator::malloc).
     ("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity "
-                 "of 94.97 GiB of which 1.06 GiB is free."),
+                 "of 94.97 GiB of which 1.06 GiB is free. Process 41234 has 93.90 GiB memory in use. Of the allocated "
+                 "memory 92.10 GiB is allocated by PyTorch, and 311.52 MiB is reserved by PyTorch but unallocated. If "
+                 "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                 "to avoid fragmentation.  See documentation for Memory Management  "
+                 "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"),
     # torch 2.9.1 c10/cuda/CUDAException.cpp (c10_cuda_check_implementation).
     ("cuda_oom", "torch.AcceleratorError: CUDA error: out of memory"),
     # sglang 0.5.9 mem_cache/common.py:216-224, :319-324.
@@ -214,3 +218,15 @@ def test_diagnose_cli_healthy_unknown_and_bad_input(tmp_path: Path) -> None:
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
     missing = run_cli(str(tmp_path / "nope.log"))
     assert missing.returncode == 2 and "nope.log" in missing.stderr
+
+
+def test_the_stand_ins_failure_texts_are_the_real_ones() -> None:
+    """Each failure the lab's stand-in server can be told to have prints one of the texts above."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fakes.sglang_server import TRACEBACKS
+
+    real = {text for _, text in REAL}
+    for crash, (_phase, _who, lines) in TRACEBACKS.items():
+        found = d.findings("\n".join(lines))
+        assert found and found[0].id != "unknown", crash
+        assert found[0].line in real, (crash, found[0].line)

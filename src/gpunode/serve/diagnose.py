@@ -234,6 +234,8 @@ SIGNATURES: tuple[Signature, ...] = (
               "another process holds the port"),
 )
 _BY_KEY = {signature.key: signature for signature in SIGNATURES}
+_FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
+LINE_CHARS = 1000  # a finding's line: torch's OOM message alone is ~570 characters
 
 # What a failing log shows besides the named messages: Python tracebacks and exceptions,
 # argparse errors, the parent noticing a child died (sglang 0.5.9 engine.py, common.py).
@@ -267,6 +269,8 @@ def findings(text: str, secrets: Iterable[str] = ()) -> list[Finding]:
     lines = text.splitlines()
     first: dict[str, tuple[int, str]] = {}
     for index, line in enumerate(lines):
+        if index and _FRAME.match(lines[index - 1]):
+            continue  # a traceback's source line (`raise X(f"...")`): the exception line below says it
         for signature, regexes in _COMPILED:
             if signature.key not in first and any(regex.search(line) for regex in regexes):
                 first[signature.key] = (index, line.strip())
@@ -274,7 +278,7 @@ def findings(text: str, secrets: Iterable[str] = ()) -> list[Finding]:
              if not any(other in first for other in _BY_KEY[key].implied_by)]
     if named:
         return [Finding(key, _BY_KEY[key].title, _BY_KEY[key].cause, _BY_KEY[key].fix,
-                        redact(first[key][1], secrets)[:500]) for key in named]
+                        redact(first[key][1], secrets)[:LINE_CHARS]) for key in named]
     errors = error_lines(text)
     if not errors:
         return []
