@@ -7,6 +7,7 @@ not new code. The host file may override any flag or variable (``server.flags``/
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -99,6 +100,14 @@ class Launch:
         return " ".join(out)
 
 
+def merged_flags(profile: Profile, overrides: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """The profile's flags with the host file's overrides on top, in launch order (an override of
+    ``false`` is kept here: ``resolve`` leaves that flag out)."""
+    merged: dict[str, FlagValue] = {item.flag: item.value for item in profile.flags}
+    merged.update(overrides)
+    return merged
+
+
 def resolve(
     profile: Profile,
     values: dict[str, str],
@@ -110,11 +119,9 @@ def resolve(
     An override of ``false`` removes a switch or flag; ``true``/``null`` makes it a bare switch.
     Flags the profile does not have are appended in the order given.
     """
-    merged: dict[str, FlagValue] = {item.flag: item.value for item in profile.flags}
+    merged = merged_flags(profile, flag_overrides)
     reasons = {item.flag: item.why for item in profile.flags}
-    for flag, value in flag_overrides.items():
-        merged[flag] = value
-        reasons[flag] = "set in the host file (server.flags)"
+    reasons.update({flag: "set in the host file (server.flags)" for flag in flag_overrides})
     argv: list[str] = ["python3", "-m", profile.module]
     for flag, value in merged.items():
         if value is False:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from gpunode.profiles import FlagValue, Profile
+from gpunode.profiles import FlagValue, Profile, merged_flags
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,6 @@ def gpu_arch(model: str) -> GpuArch:
 # FlashInfer's dtype spellings in module names (flashinfer/jit/utils.py filename_safe_dtype_map).
 DTYPE_NAMES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2",
                "int32": "i32", "int64": "i64", "uint8": "u8"}
-# sglang's --kv-cache-dtype -> the torch dtype of the KV pool (sglang 0.5.9 model_runner: configure_kv_cache_dtype).
-KV_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "auto": "bfloat16", "fp8_e4m3": "float8_e4m3fn",
-             "fp8_e5m2": "float8_e5m2"}
 
 
 @dataclass(frozen=True)
@@ -77,13 +74,6 @@ def modules_json(modules: list[AotModule]) -> str:
     text = json.dumps([m.as_json() for m in modules], separators=(",", ":"), sort_keys=True)
     assert "'" not in text  # it goes into a single-quoted shell word
     return text
-
-
-def effective_flags(profile: Profile, overrides: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
-    """The profile's flags with the host file's overrides (``false`` removes one), as the launch has them."""
-    merged: dict[str, FlagValue] = {item.flag: item.value for item in profile.flags}
-    merged.update(overrides)
-    return {flag: value for flag, value in merged.items() if value is not False}
 
 
 def _dtype(name: str) -> str:
@@ -210,5 +200,5 @@ def profile_modules(profile: Profile, overrides: Mapping[str, FlagValue]) -> lis
     SM120. What it does not compile there: sampling, norms, activation and merge-state run in
     sgl_kernel; MoE top-k falls through to torch for GLM-5's single expert group (topk.py:751-790);
     the all-reduce fusion is SM90/SM100 only (communicator.py:91-101), at any TP size."""
-    flags = effective_flags(profile, overrides)
+    flags = {flag: value for flag, value in merged_flags(profile, overrides).items() if value is not False}
     return _attention(flags) + _fp4(flags) + _moe(flags)
