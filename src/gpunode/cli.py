@@ -470,7 +470,7 @@ def bench(
     from gpunode.bench.command import bench as run_bench
     from gpunode.bench.restart import serve_restart
     from gpunode.bench.sampler import UnavailableSampler
-    from gpunode.engine import EngineUnreachable, Forward, docker_client, forward
+    from gpunode.engine import EngineUnreachable, docker_client, forward
     from gpunode.plan import server_image, server_launch
     from gpunode.serve.command import probe_address
     from gpunode.serve.docker_run import ServeError
@@ -490,12 +490,9 @@ def bench(
         "(run gpunode on the node to sample its GPUs through NVML)")
     ab = AB_PRESETS.get(ab, ab) if ab else ab
 
-    def sweep(engine_url: str | None, fw: Forward | None = None) -> int:
+    def sweep(engine_url: str) -> int:
         runner = DockerBenchRunner(docker_client(engine_url), tag, str(chosen.model.path), server_url=target)
-        restart = None
-        if ab:
-            settings = {k: v for k, v in node_serve_settings(chosen, fw).items() if k != "notes"} if fw else {}
-            restart = serve_restart(chosen, tag, engine_url, _err(), **settings)
+        restart = serve_restart(chosen, tag, engine_url, _err(), **node_serve_settings(chosen, engine_url)[0]) if ab else None
         return run_bench(target, chosen.served_name, level_list or defaults[0], input_len or defaults[1],
                          output_len or defaults[2], runner, sampler, restart, ab, baseline, out_dir,
                          api_key=api_key, tp_size=tp, p2p_json=p2p_json, range_ratio=range_ratio)
@@ -504,7 +501,7 @@ def bench(
         if docker_url:
             raise typer.Exit(sweep(docker_url))
         with forward(chosen.container.reach) as fw:
-            code = sweep(fw.docker_url, fw)
+            code = sweep(fw.docker_url)
     except (EngineUnreachable, ServeError) as exc:
         _die(4, [str(exc)])
     raise typer.Exit(code)

@@ -187,10 +187,9 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
         return StageResult(summary=["serve: started only in a real run"])
     buffer = io.StringIO()
     try:
-        settings = node_serve_settings(host, fw)
+        settings, notes = node_serve_settings(host, fw.docker_url)
     except ServeError as exc:
         return StageResult(failed=True, summary=[f"serve: {exc}"])
-    notes = settings.pop("notes")
     outcome = run_serve(host, plan.server_image(host), fw.docker_url, _console(buffer), timeout_s, **settings)
     action = outcome.start.action if outcome.start else "none"
     lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
@@ -198,18 +197,18 @@ def serve(host: Host, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) 
                        summary=lines, data=outcome.as_dict())
 
 
-def node_serve_settings(host: Host, fw: Forward) -> dict[str, Any]:
-    """How the server starts on the node's engine (run_serve's keywords, plus ``notes``): the GPU
-    hand-off the node stage set up, and in a lab the memlock limit its machine can give. The serve
+def node_serve_settings(host: Host, docker_url: str) -> tuple[dict[str, Any], list[str]]:
+    """How the server starts on the node's engine: run_serve's keywords (the GPU hand-off the node
+    stage set up, and in a lab the memlock limit its machine can give) and notes on them. The serve
     stage and `gpunode bench --ab`'s restarts start it the same way."""
-    client = docker_client(fw.docker_url)
+    client = docker_client(docker_url)
     memlock, notes = -1, []
     if host.lab:
         memlock = _engine_memlock_limit(client, plan.server_image(host))
         if memlock != -1:
             notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
                          "a real node gives the server unlimited")
-    return {"gpu_handoff": _handoff(host, client), "memlock_bytes": memlock, "engine_is_local": False, "notes": notes}
+    return {"gpu_handoff": _handoff(host, client), "memlock_bytes": memlock, "engine_is_local": False}, notes
 
 
 def _engine_memlock_limit(client: Any, image: str) -> int:

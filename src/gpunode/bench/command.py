@@ -45,12 +45,12 @@ DEFAULT_LEVELS = (1, 10, 64, 256, 1024)  # the seeds' MoE backend comparison (FI
 DEFAULT_INPUT_LEN = 256  # FIELD-NOTES s6's bench_serving line
 DEFAULT_OUTPUT_LEN = 128
 MAX_LEN = 200_000  # GLM-5's context is 202752 tokens
-RESERVED_FLAGS = ("--host", "--port", "--api-key")
+RESERVED_FLAGS = ("--host", "--port", "--api-key")  # the restart's URL and key come from the host file
 # Ready A/B pairs (gpunode bench --ab attention). attention: FlashInfer's MLA is what runs attention on
 # SM120 with 0.5.9 (FIELD-NOTES s8), Triton's MLA the alternative that also runs there; moe: the
 # seeds' comparison (seed 001: 1603 vs 797 output tok/s at concurrency 1024).
 AB_PRESETS = {"attention": "--attention-backend=flashinfer,triton",
-              "moe": "--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl"}  # the restart's URL and key come from the host file
+              "moe": "--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl"}
 
 FlagValue = str | int | float | bool | None
 Restart = Callable[[dict[str, FlagValue]], str]
