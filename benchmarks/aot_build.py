@@ -60,7 +60,7 @@ print("GPUNODE-AOT " + json.dumps({"wall_s": wall, "cpu_s": usage.ru_utime + usa
 # long to build here. The classes differ by orders of magnitude: an sm90 CUTLASS instantiation
 # compiles to almost nothing for 12.0a (its kernels are guarded by arch), an sm120 one is the bulk.
 SAMPLE = """
-import glob, importlib, json, os, re, resource, subprocess, sys, sysconfig, time
+import glob, json, os, re, resource, runpy, subprocess, sys, sysconfig, time
 e, classes = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 # The stand-in toolchain has no cuBLAS headers (a 420 MB wheel); the MoE sources include cublasLt.h.
 # This throwaway container borrows torch's cuBLAS 12.8 headers, which only declare the API.
@@ -68,8 +68,7 @@ for header in glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/cublas/inclu
     target = os.path.join(os.environ["CUDA_HOME"], "include", os.path.basename(header))
     if not os.path.exists(target):
         os.symlink(header, target)
-m, f = e["generator"].split(":")
-spec = getattr(importlib.import_module(m), f)(**e["kwargs"])
+spec = runpy.run_path("/opt/gpunode/flashinfer_aot.py")["spec_of"](e)
 spec.write_ninja()
 objects = [o for o in spec.get_object_paths() if o.name.endswith(".cuda.o")]
 out = {}
@@ -91,13 +90,9 @@ for v in out.values():
 print("GPUNODE-SAMPLE " + json.dumps(out))
 """
 SOURCES = """
-import importlib, json, sys, torch
-out = {}
-for e in json.loads(sys.argv[1]):
-    m, f = e["generator"].split(":")
-    kw = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("dtype:") else v for k, v in e["kwargs"].items()}
-    out[e["name"]] = len(getattr(importlib.import_module(m), f)(**kw).sources)
-print("GPUNODE-SOURCES " + json.dumps(out))
+import json, runpy, sys
+spec_of = runpy.run_path("/opt/gpunode/flashinfer_aot.py")["spec_of"]
+print("GPUNODE-SOURCES " + json.dumps({e["name"]: len(spec_of(e).sources) for e in json.loads(sys.argv[1])}))
 """
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpunode import profiles
 from gpunode.handoff import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
-from gpunode.hostfile import Container, Host, HostFile
+from gpunode.hostfile import Container, Host, HostFile, Image
 from gpunode.image import aot, bases
 from gpunode.image.aot import AotPlan
 from gpunode.serve.spec import CONTAINER_NAME, JIT_CACHE_MOUNT, jit_cache_volume
@@ -153,12 +153,12 @@ def aot_plan(host: Host) -> AotPlan:
                         host.image.base)
 
 
-def image_tag(host: Host) -> str:
+def image_tag(host: Host, planned: AotPlan | None = None) -> str:
     """The image's content tag: one definition, gpunode.image's (base, pins, lock, patches, template,
-    toolchain, the modules built ahead of time)."""
+    toolchain, the modules built ahead of time: ``planned`` when already computed)."""
     from gpunode.image.context import image_tag as content_tag
 
-    return content_tag(host.image, aot=aot_plan(host))
+    return content_tag(host.image, aot=planned or aot_plan(host))
 
 
 def image_section(host: Host) -> dict[str, Any]:
@@ -177,15 +177,16 @@ def image_section(host: Host) -> dict[str, Any]:
                   "tag says so; pin with image.base: <name>@sha256:<digest>")
     if toolchain is None:
         toolchain_text = (f"none: base {base.name} has no nvcc; FlashInfer's SM120 kernels cannot be compiled, "
-                          "and image verify fails (fix: image.base nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04)")
+                          f"and image verify fails (fix: image.base {Image.model_fields['base'].default})")
     else:
         toolchain_text = f"{toolchain.name}: CUDA {toolchain.cuda} at {toolchain.cuda_home} ({toolchain.source})"
         if toolchain.lab_only:
             toolchain_text += f". LAB STAND-IN: {toolchain.why}"
     planned = aot_plan(host)
     built = {m.name for m in planned.modules}
+    tag = image_tag(host, planned)
     return {
-        "tag": image_tag(host), "base": image.base, "base_why": catalog.why, "base_python": catalog.python,
+        "tag": tag, "base": image.base, "base_why": catalog.why, "base_python": catalog.python,
         "base_digest": digest, "toolchain": toolchain_text, "gpu_model": image.gpu_model,
         "target_arch": planned.arch.cuda_arch,
         "flashinfer_aot": [{"name": m.name, "group": m.group, "why": m.why,
@@ -193,19 +194,19 @@ def image_section(host: Host) -> dict[str, Any]:
         "flashinfer_aot_note": planned.note,
         "jit_cache_volume": f"{jit_cache_volume(CONTAINER_NAME)} at {JIT_CACHE_MOUNT} (FlashInfer's workspace: "
                             "what is compiled at run time survives a container restart)",
-        "build_on": image.build_on, "pins": image.pins.model_dump(), "server_image": server_image(host),
+        "build_on": image.build_on, "pins": image.pins.model_dump(), "server_image": server_image(host, tag),
         "lab_stand_in": image.lab_stand_in,
     }
 
 
-def server_image(host: Host) -> str:
-    """What the server container runs: the content-tagged image, or in a lab with a stand-in the
-    fake server's image (its tag hashes the fake's files)."""
+def server_image(host: Host, tag: str | None = None) -> str:
+    """What the server container runs: the content-tagged image (``tag`` when already computed), or
+    in a lab with a stand-in the fake server's image (its tag hashes the fake's files)."""
     if host.image.lab_stand_in:
         from gpunode.labimage import fake_tag
 
         return fake_tag()
-    return image_tag(host)
+    return tag or image_tag(host)
 
 
 def server_launch(host: Host) -> profiles.Launch:

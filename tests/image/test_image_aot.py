@@ -21,7 +21,7 @@ from gpunode import plan, profiles
 from gpunode.hostfile import Host, load
 from gpunode.image import BuildResult, VerifyReport, build, verify
 from gpunode.image.aot import AotPlan, modules_json, profile_modules
-from gpunode.image.context import LABEL_PREFIX
+from gpunode.image.context import AOT_BUILDER, AOT_SCRIPT, LABEL_PREFIX, images_dir
 
 pytestmark = pytest.mark.image
 
@@ -115,15 +115,11 @@ def test_module_names_are_flashinfers_own(built: BuildResult, engine: docker.Doc
     """gpunode computes FlashInfer's module names without FlashInfer; FlashInfer 0.6.3's generators,
     in the built image, must name every module of the list the same."""
     modules = profile_modules(profiles.load("glm5-nvfp4-sm120"), flags)
-    script = ("import importlib, json, sys, torch\n"
-              "out = []\n"
-              "for e in json.loads(sys.argv[1]):\n"
-              "    m, f = e['generator'].split(':')\n"
-              "    kw = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith('dtype:') else v"
-              " for k, v in e['kwargs'].items()}\n"
-              "    out.append(getattr(importlib.import_module(m), f)(**kw).name)\n"
-              "print(json.dumps(out))\n")
+    # The spec comes through the image build's own builder (mounted: the plain image has none).
+    script = (f"import json, runpy, sys; spec_of = runpy.run_path({AOT_BUILDER!r})['spec_of']; "
+              "print(json.dumps([spec_of(e).name for e in json.loads(sys.argv[1])]))")
     output = engine.containers.run(built.tag, ["python3", "-c", script, modules_json(modules)], remove=True,
                                    network_disabled=True, environment={"FLASHINFER_CUDA_ARCH_LIST": "12.0a",
-                                                                       "FLASHINFER_WORKSPACE_BASE": "/tmp/fi"})
+                                                                       "FLASHINFER_WORKSPACE_BASE": "/tmp/fi"},
+                                   volumes={str(images_dir() / AOT_SCRIPT): {"bind": AOT_BUILDER, "mode": "ro"}})
     assert json.loads(output.decode().strip().splitlines()[-1]) == [m.name for m in modules]

@@ -111,8 +111,8 @@ class BaseDigest:
 
 
 def repo_digest(client: docker.DockerClient, ref: str) -> str | None:
-    """The content digest the engine recorded when it pulled ``ref`` (RepoDigests), if any."""
-    repository = ref.split("@", 1)[0].rsplit(":", 1)[0] if "@" not in ref else ref.split("@", 1)[0]
+    """The content digest the engine recorded when it pulled ``ref`` (``repository:tag``; RepoDigests), if any."""
+    repository = ref.rsplit(":", 1)[0]
     for entry in client.images.get(ref).attrs.get("RepoDigests") or []:
         name, _, digest = entry.partition("@")
         if name == repository:
@@ -144,7 +144,7 @@ def ensure_registry_base(client: docker.DockerClient, base: BaseRef, console: Co
             raise BaseError(f"cannot pull {base.pull_ref}: {exc.explanation or exc}") from None
         console.print(f"[yellow]base {base.pull_ref}: pull failed ({exc.explanation or exc}); using the copy "
                       "on the engine[/]")
-    digest = base.digest or repo_digest(client, base.pull_ref)
+    digest = base.digest or repo_digest(client, base.tag_ref)
     found = BaseDigest(base.tag_ref, digest, earlier_digests(client, base.tag_ref, digest))
     console.print(f"base {base.tag_ref}: digest {digest or 'unknown (not pulled from a registry)'}")
     if (moved := found.moved()) is not None:

@@ -33,6 +33,7 @@ TEMPLATE = "Dockerfile.j2"
 LOCK = "requirements.lock"  # the context name of the base's lock, whichever Python it is for
 TOOLCHAIN_LOCK = "toolchain.lock"
 AOT_SCRIPT = "flashinfer_aot.py"
+AOT_BUILDER = f"/opt/gpunode/{AOT_SCRIPT}"  # in the image: builds the modules, and gives verify their specs
 TOOLCHAIN_VENV = "/opt/cuda-toolchain"
 PIP_LOCK = "pip.lock"
 BASE_PACKAGES = "base-packages.txt"
@@ -184,7 +185,7 @@ def render_dockerfile(template_text: str, *, base_ref: str, apt_packages: list[s
         patch_targets=patches, labels=labels,
         venv=VENV, pip_env=pip_env, source_date_epoch=SOURCE_DATE_EPOCH,
         toolchain=toolchain, toolchain_venv=TOOLCHAIN_VENV, toolchain_lock=TOOLCHAIN_LOCK if toolchain and toolchain.lock else None,
-        aot_groups=groups, aot_script=AOT_SCRIPT, cuda_arch=aot.arch.cuda_arch if aot else "",
+        aot_groups=groups, aot_script=AOT_SCRIPT, aot_builder=AOT_BUILDER, cuda_arch=aot.arch.cuda_arch if aot else "",
     )
 
 

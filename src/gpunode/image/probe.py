@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -209,12 +210,18 @@ def nvcc_compile(nvcc: str | None, cuda_arch: str) -> dict[str, Any]:
         return {"ok": True, "command": " ".join(command), "sass": [arch] if arch else []}
 
 
-def aot_facts(cuobjdump: str | None, modules: list[dict[str, Any]], cuda_arch: str) -> dict[str, Any]:
+def aot_facts(cuobjdump: str | None, modules: list[dict[str, Any]], cuda_arch: str, builder: str) -> dict[str, Any]:
     """Each module through FlashInfer's own lookup, with JIT disabled as a launch would have it:
-    the spec from FlashInfer's generator, the library FlashInfer would load, its SASS archs. With no
-    GPU here, FLASHINFER_CUDA_ARCH_LIST names the target (FlashInfer reads it at import)."""
+    the spec from FlashInfer's generator (through the image's own builder, ``builder``), the library
+    FlashInfer would load, its SASS archs. With no GPU here, FLASHINFER_CUDA_ARCH_LIST names the
+    target (FlashInfer reads it at import)."""
     if not modules:
         return {}
+    try:
+        spec_of = runpy.run_path(builder)["spec_of"]
+    except OSError as exc:
+        missing = f"no ahead-of-time builder in the image ({error_text(exc)}): it was built without FlashInfer modules"
+        return {entry["name"]: {"error": missing} for entry in modules}
     os.environ["FLASHINFER_DISABLE_JIT"] = "1"
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
     os.environ["FLASHINFER_WORKSPACE_BASE"] = tempfile.mkdtemp()
@@ -223,14 +230,7 @@ def aot_facts(cuobjdump: str | None, modules: list[dict[str, Any]], cuda_arch: s
         fact: dict[str, Any] = {}
         facts[entry["name"]] = fact
         try:
-            import importlib
-
-            import torch
-
-            module, function = entry["generator"].split(":")
-            kwargs = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("dtype:") else v
-                      for k, v in entry["kwargs"].items()}
-            spec = getattr(importlib.import_module(module), function)(**kwargs)
+            spec = spec_of(entry)
             fact.update(spec_name=spec.name, aot_path=str(spec.aot_path), is_aot=bool(spec.is_aot),
                         library=str(spec.get_library_path()))
         except Exception as exc:  # noqa: BLE001
@@ -248,7 +248,7 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
     cuobjdump = tools.get("cuobjdump", {}).get("path")
     return {
         "nvcc_compile": nvcc_compile(tools.get("nvcc", {}).get("path"), request.get("cuda_arch", "")),
-        "aot": aot_facts(cuobjdump, request.get("aot", []), request.get("cuda_arch", "")),
+        "aot": aot_facts(cuobjdump, request.get("aot", []), request.get("cuda_arch", ""), request.get("aot_builder", "")),
         "python": sys.version.split()[0],
         "site": SITE,
         "versions": versions(request.get("distributions", [])),

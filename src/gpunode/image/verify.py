@@ -16,17 +16,17 @@ from typing import Any, Mapping
 import docker
 from docker.errors import DockerException, ImageNotFound
 
-from gpunode.hostfile import ImagePins
+from gpunode.hostfile import Image, ImagePins
 from gpunode.image.aot import GPU_ARCHS, AotPlan
 from gpunode.image.build import docker_client
-from gpunode.image.context import LABEL_PREFIX, expected_versions, images_dir, patch_names, version_matches
+from gpunode.image.context import AOT_BUILDER, LABEL_PREFIX, expected_versions, images_dir, patch_names, version_matches
 from gpunode.image.patches import Patch, blocks_present, parse_patch
 
 PROBE_MARK = "GPUNODE-PROBE "
 PROBE_TIMEOUT_S = 1200  # cuobjdump over torch's ~1 GB of CUDA libraries takes a while on 2 cores
 TARGET_ARCH = "sm_120"
 DEFAULT_CUDA_ARCH = GPU_ARCHS["RTX PRO 6000 Blackwell"].cuda_arch  # the mission's GPUs, when the image records none
-DEFAULT_DEVEL_BASE = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
+DEFAULT_DEVEL_BASE = Image.model_fields["base"].default  # the host file's default: CUDA 12.8's devel image
 # Binaries with device code, per library, as globs under site-packages.
 # flashinfer-python itself is JIT-only; its precompiled kernels come in flashinfer-cubin.
 KERNEL_GLOBS: dict[str, list[str]] = {
@@ -271,6 +271,7 @@ def probe_request(pins: ImagePins, patches: list[Patch], launch_argv: list[str],
     return {
         "cuda_arch": cuda_arch,
         "aot": aot or [],
+        "aot_builder": AOT_BUILDER,
         "distributions": sorted(expected_versions(pins)),
         "tools": ["nvcc", "ptxas", "cuobjdump"],
         "files": sorted({target for patch in patches for target in patch.added_blocks}),
