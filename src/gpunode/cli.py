@@ -477,7 +477,7 @@ def bench(
     from gpunode.smoke.bench import DockerBenchRunner
     from gpunode.stagerun import node_serve_settings
 
-    defaults = profile_defaults(chosen.server.profile)
+    defaults = profile_defaults(chosen.profile_name)
     tag = server_image(chosen)
     argv = list(server_launch(chosen).argv)
     tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpunode import profiles
+from gpunode import stacks
 from gpunode.yamlsource import SourceError, YamlSource, format_path, load_yaml
 
 HOSTNAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -263,34 +264,42 @@ class Prepare(Strict):
 
 
 class ImagePins(Strict):
-    cuda: Annotated[str, Field(pattern=PIN_RE)] = "12.8"
-    torch: Annotated[str, Field(pattern=PIN_RE)] = "2.9.1"
-    sglang: Annotated[str, Field(pattern=PIN_RE)] = "0.5.9"
-    flashinfer: Annotated[str, Field(pattern=PIN_RE)] = "0.6.3"
-    sgl_kernel: Annotated[str, Field(pattern=PIN_RE)] = "0.3.21"
-    transformers: Annotated[str, Field(pattern=PIN_RE)] = "5.2.0"
+    """Pins the host file asserts on top of its stack's (unset: the stack's own, stack.yml). The
+    build refuses a lock that does not hold them: a different pin is a new lock, or a new stack."""
+
+    cuda: Annotated[str, Field(pattern=PIN_RE)] | None = None
+    torch: Annotated[str, Field(pattern=PIN_RE)] | None = None
+    sglang: Annotated[str, Field(pattern=PIN_RE)] | None = None
+    flashinfer: Annotated[str, Field(pattern=PIN_RE)] | None = None
+    sgl_kernel: Annotated[str, Field(pattern=PIN_RE)] | None = None
+    deep_gemm: Annotated[str, Field(pattern=r"^\d+(\.\d+)*(\.post\d+)?$")] | None = None
+    transformers: Annotated[str, Field(pattern=PIN_RE)] | None = None
 
     @field_validator("cuda")
     @classmethod
-    def _cuda_sm120(cls, value: str) -> str:
-        if tuple(int(p) for p in value.split(".")[:2]) < (12, 8):
+    def _cuda_sm120(cls, value: str | None) -> str | None:
+        if value is not None and tuple(int(p) for p in value.split(".")[:2]) < (12, 8):
             raise ValueError(f"CUDA {value} cannot build for SM120: needs >= 12.8")
         return value
 
     @field_validator("transformers")
     @classmethod
-    def _glm5_config(cls, value: str) -> str:
-        if tuple(int(p) for p in value.split(".")[:2]) < (5, 2):
+    def _glm5_config(cls, value: str | None) -> str | None:
+        if value is not None and tuple(int(p) for p in value.split(".")[:2]) < (5, 2):
             raise ValueError(f"transformers {value} cannot read GLM-5's config (glm_moe_dsa): needs >= 5.2")
         return value
 
 
 class Image(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9]+([._/-][a-z0-9]+)*$")] = "gpunode/sglang"
-    # A base of images/sglang/bases.yml, optionally behind a registry mirror and pinned by digest.
-    # The default carries CUDA 12.8's nvcc, which FlashInfer needs for its SM120 kernels.
-    base: str = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
-    # base: the base's own CUDA toolchain (none for debootstrap); pypi-cuda-13.0: the lab's stand-in.
+    # The serving stack (a folder of images/sglang/stacks): its pins, lock, patches and toolchain.
+    # The default is the seeds' stack, which the seeds proved on the hardware.
+    stack: str = stacks.DEFAULT
+    # A base of images/sglang/bases.yml, optionally behind a registry mirror and pinned by digest;
+    # unset: the stack's (stack.yml). The seeds' carries CUDA 12.8's nvcc for FlashInfer's SM120 kernels.
+    base: str | None = None
+    # base: the stack's own CUDA toolchain if it brings one, else the base's (none for debootstrap);
+    # pypi-cuda-13.0: the lab's stand-in.
     toolchain: Literal["base", "pypi-cuda-13.0"] = "base"
     # The GPUs the image is built for: FlashInfer's kernels are compiled ahead of time for their arch.
     gpu_model: Literal["RTX PRO 6000 Blackwell", "RTX 5090", "B200", "H200", "H100"] = "RTX PRO 6000 Blackwell"
@@ -304,11 +313,41 @@ class Image(Strict):
     # shipped to the node by the image stage, because the lab has no GPU to run the real one on.
     lab_stand_in: Literal["fake-sglang"] | None = None
 
+    @field_validator("stack")
+    @classmethod
+    def _known_stack(cls, value: str) -> str:
+        if value not in stacks.available():
+            raise ValueError(f"unknown stack {value!r} (known: {', '.join(stacks.available())})")
+        return value
+
+    @model_validator(mode="after")
+    def _pins_of_the_stack(self) -> Image:
+        stack = stacks.load(self.stack)
+        extra = [name for name, value in self.pins.model_dump().items() if value is not None and name not in stack.pins]
+        if extra:
+            raise ValueError(f"image.pins: stack {self.stack} has no pin {', '.join(extra)} "
+                             f"(its pins: {', '.join(stack.pins)})")
+        if stack.toolchain and self.toolchain != "base":
+            raise ValueError(f"image.toolchain {self.toolchain}: stack {self.stack} brings its own ({stack.toolchain})")
+        return self
+
+    @property
+    def base_name(self) -> str:
+        """The base built on: the host file's, else the stack's."""
+        return self.base or stacks.load(self.stack).base
+
+    def pinned(self) -> dict[str, str]:
+        """Every pin of the image: the stack's, with the host file's on top."""
+        own = {name: value for name, value in self.pins.model_dump().items() if value is not None}
+        return {**stacks.load(self.stack).versions(), **own}
+
     @field_validator("base")
     @classmethod
-    def _known_base(cls, value: str) -> str:
+    def _known_base(cls, value: str | None) -> str | None:
         from gpunode.image import bases
 
+        if value is None:
+            return value
         try:
             bases.parse(value)
         except bases.BaseRefError as exc:
@@ -333,7 +372,8 @@ FlagOverride = str | int | float | bool | None
 
 
 class Server(Strict):
-    profile: str = "glm5-nvfp4-sm120"
+    # A profile of gpunode/profiles; unset: the profile of the image's stack (stack.yml).
+    profile: str | None = None
     bind: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
     api_key: SecretRef | None = None
@@ -342,8 +382,8 @@ class Server(Strict):
 
     @field_validator("profile")
     @classmethod
-    def _known(cls, value: str) -> str:
-        if value not in profiles.available():
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in profiles.available():
             raise ValueError(f"unknown profile {value!r} (known: {', '.join(profiles.available())})")
         return value
 
@@ -426,17 +466,34 @@ class Host(Strict):
             raise ValueError(f"image.toolchain {toolchain.name} is a lab stand-in: only a lab host (lab: true) may set it")
         return self
 
+    @property
+    def profile_name(self) -> str:
+        """The server's profile: the host file's, else the one the image's stack runs."""
+        return self.server.profile or stacks.load(self.image.stack).profile
+
+    @model_validator(mode="after")
+    def _profile_and_driver_fit_the_stack(self) -> Host:
+        stack = stacks.load(self.image.stack)
+        profile = profiles.load(self.profile_name)
+        if profile.stack != stack.name:
+            raise ValueError(f"server.profile {profile.name} runs on stack {profile.stack}, but image.stack is "
+                             f"{stack.name} (pick the stack's profile, {stack.profile}, or leave server.profile unset)")
+        if int(self.driver.version.split(".")[0]) < stack.driver_min:
+            raise ValueError(f"driver.version {self.driver.version} is older than {stack.driver_min}: stack "
+                             f"{stack.name} (CUDA {stack.cuda}) needs >= {stack.driver_min}")
+        return self
+
     @model_validator(mode="after")
     def _image_for_the_profile(self) -> Host:
         from gpunode.image import aot
 
-        profile = profiles.load(self.server.profile)
+        profile = profiles.load(self.profile_name)
         arch = aot.gpu_arch(self.image.gpu_model)
         if not arch.sm.startswith(profile.arch):
             raise ValueError(f"image.gpu_model {self.image.gpu_model} is {arch.sm}, but profile {profile.name} "
                              f"is for {profile.arch}")
         if isinstance(self.image.flashinfer_aot, list):
-            known = [m.name for m in aot.profile_modules(profile, self.server.flags)]
+            known = [m.name for m in aot.profile_modules(stacks.load(self.image.stack), profile, self.server.flags)]
             unknown = [name for name in self.image.flashinfer_aot if name not in known]
             if unknown:
                 raise ValueError(f"image.flashinfer_aot: {', '.join(unknown)} not among the profile's FlashInfer "
@@ -445,7 +502,7 @@ class Host(Strict):
 
     @model_validator(mode="after")
     def _gpus_match_tp(self) -> Host:
-        profile = profiles.load(self.server.profile)
+        profile = profiles.load(self.profile_name)
         tp = self.server.flags.get("--tp-size", profile.flag_value("--tp-size"))
         gpus = self.container.gpus
         if isinstance(gpus, list) and isinstance(tp, int) and tp > len(gpus):
@@ -454,7 +511,7 @@ class Host(Strict):
 
     @property
     def served_name(self) -> str:
-        return self.model.served_name or profiles.load(self.server.profile).served_name
+        return self.model.served_name or profiles.load(self.profile_name).served_name
 
 
 class HostFile(Strict):

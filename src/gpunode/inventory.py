@@ -57,7 +57,7 @@ def _node_vars(host: Host, secrets: SecretFiles, source: Path | None) -> dict[st
         "gpunode_driver_installer": host.driver.installer.model_dump(mode="json"),
         "gpunode_gpu_handoff": host.container.gpu_handoff,
         "gpunode_image_tag": image_tag(host),
-        "gpunode_image_pins": host.image.pins.model_dump(),
+        "gpunode_image_pins": host.image.pinned(),
         "gpunode_image_stand_in": host.image.lab_stand_in,
         "gpunode_server_image": server_image(host),
         "gpunode_server_container": CONTAINER_NAME,

@@ -9,6 +9,7 @@ from typing import Any
 from gpunode import profiles
 from gpunode.handoff import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
 from gpunode.hostfile import Container, Host, HostFile, Image
+from gpunode import stacks
 from gpunode.image import aot, bases
 from gpunode.image.aot import AotPlan
 from gpunode.serve.spec import CONTAINER_NAME, JIT_CACHE_MOUNT, jit_cache_volume
@@ -146,11 +147,13 @@ def handoff(host: Host) -> dict[str, Any]:
 def aot_plan(host: Host) -> AotPlan:
     """The FlashInfer modules the image builds ahead of time: the profile's launch on the host
     file's GPUs, as far as the image's toolchain allows."""
-    profile = profiles.load(host.server.profile)
-    wanted = aot.profile_modules(profile, host.server.flags)
-    toolchain = bases.toolchain_for(host.image.base, host.image.toolchain)
-    return aot.plan_for(aot.gpu_arch(host.image.gpu_model), wanted, host.image.flashinfer_aot, toolchain is not None,
-                        host.image.base)
+    stack = stacks.load(host.image.stack)
+    wanted = aot.profile_modules(stack, profiles.load(host.profile_name), host.server.flags)
+    toolchain = bases.toolchain_for(host.image.base_name, host.image.toolchain, stack.toolchain)
+    arch = aot.gpu_arch(host.image.gpu_model)
+    arch = aot.GpuArch(arch.model, stack.cuda_arch(arch.cuda_arch))
+    return aot.plan_for(arch, wanted, host.image.flashinfer_aot, toolchain is not None,
+                        host.image.base_name)
 
 
 def image_tag(host: Host, planned: AotPlan | None = None) -> str:
@@ -165,9 +168,10 @@ def image_section(host: Host) -> dict[str, Any]:
     """The image as plan shows it: base and digest status, toolchain, target arch, the FlashInfer
     modules built ahead of time (and what is left to the JIT), the JIT cache volume."""
     image = host.image
-    base = bases.parse(image.base)
-    catalog = bases.base_of(image.base)
-    toolchain = bases.toolchain_for(image.base, image.toolchain)
+    stack = stacks.load(image.stack)
+    base = bases.parse(image.base_name)
+    catalog = bases.base_of(image.base_name)
+    toolchain = bases.toolchain_for(image.base_name, image.toolchain, stack.toolchain)
     if base.local:
         digest = "none: made on the build engine with debootstrap (not from a registry)"
     elif base.digest:
@@ -177,7 +181,7 @@ def image_section(host: Host) -> dict[str, Any]:
                   "tag says so; pin with image.base: <name>@sha256:<digest>")
     if toolchain is None:
         toolchain_text = (f"none: base {base.name} has no nvcc; FlashInfer's SM120 kernels cannot be compiled, "
-                          f"and image verify fails (fix: image.base {Image.model_fields['base'].default})")
+                          f"and image verify fails (fix: image.base {stacks.load(stacks.DEFAULT).base})")
     else:
         toolchain_text = f"{toolchain.name}: CUDA {toolchain.cuda} at {toolchain.cuda_home} ({toolchain.source})"
         if toolchain.lab_only:
@@ -186,15 +190,18 @@ def image_section(host: Host) -> dict[str, Any]:
     built = {m.name for m in planned.modules}
     tag = image_tag(host, planned)
     return {
-        "tag": tag, "base": image.base, "base_why": catalog.why, "base_python": catalog.python,
+        "tag": tag, "stack": stack.name, "stack_why": stack.why, "stack_cuda": stack.cuda,
+        "stack_driver_min": stack.driver_min, "profile": host.profile_name,
+        "base": image.base_name, "base_why": catalog.why, "base_python": catalog.python,
         "base_digest": digest, "toolchain": toolchain_text, "gpu_model": image.gpu_model,
         "target_arch": planned.arch.cuda_arch,
         "flashinfer_aot": [{"name": m.name, "group": m.group, "why": m.why,
                             "ahead_of_time": m.name in built} for m in planned.wanted],
         "flashinfer_aot_note": planned.note,
+        "jit_only": [{"what": item.what, "why": item.why} for item in stack.not_prebuilt],
         "jit_cache_volume": f"{jit_cache_volume(CONTAINER_NAME)} at {JIT_CACHE_MOUNT} (FlashInfer's workspace: "
                             "what is compiled at run time survives a container restart)",
-        "build_on": image.build_on, "pins": image.pins.model_dump(), "server_image": server_image(host, tag),
+        "build_on": image.build_on, "pins": image.pinned(), "server_image": server_image(host, tag),
         "lab_stand_in": image.lab_stand_in,
     }
 
@@ -210,7 +217,7 @@ def server_image(host: Host, tag: str | None = None) -> str:
 
 
 def server_launch(host: Host) -> profiles.Launch:
-    profile = profiles.load(host.server.profile)
+    profile = profiles.load(host.profile_name)
     values = {
         "model_dir": "/model",
         "served_name": host.served_name,
@@ -260,7 +267,7 @@ def plan_host(host: Host) -> HostPlan:
     if not host.api.tls.verify:
         warnings.append("TLS verification of the Proxmox API is OFF: anyone on the path can read the credentials")
     launch = server_launch(host)
-    profile = profiles.load(host.server.profile)
+    profile = profiles.load(host.profile_name)
     gpus = host.container.gpus
     if isinstance(gpus, list) and len(gpus) != profile.gpus:
         warnings.append(f"profile {profile.name} is tuned for {profile.gpus} GPUs; container.gpus selects {len(gpus)}")

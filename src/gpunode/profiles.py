@@ -43,6 +43,7 @@ class Profile:
     served_name: str
     gpus: int
     arch: str
+    stack: str  # the serving stack it runs on (images/sglang/stacks)
     module: str
     flags: tuple[Flag, ...]
     env: tuple[EnvVar, ...]
@@ -74,6 +75,7 @@ def load(name: str) -> Profile:
             served_name=raw["model"]["served_name"],
             gpus=int(raw["gpus"]),
             arch=raw["arch"],
+            stack=raw["stack"],
             module=raw["module"],
             flags=tuple(Flag(item["flag"], item.get("value"), item["why"]) for item in raw["flags"]),
             env=tuple(EnvVar(item["name"], str(item["value"]), item["why"]) for item in raw["env"]),

@@ -42,6 +42,8 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
             console.print(f"  - {escape(layer)}")
 
         console.print("\n[bold]Image[/bold]")
+        console.print(f"  stack: {plan.image['stack']} (CUDA {plan.image['stack_cuda']}, needs driver >= "
+                      f"{plan.image['stack_driver_min']}; profile {plan.image['profile']}): {escape(plan.image['stack_why'])}")
         console.print(f"  tag: {plan.image['tag']} (base {plan.image['base']}, built on {plan.image['build_on']})")
         console.print("  pins: " + ", ".join(f"{k} {v}" for k, v in plan.image["pins"].items()))
         image = plan.image
@@ -55,6 +57,8 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         for module in image["flashinfer_aot"]:
             mark = "built" if module["ahead_of_time"] else "[yellow]JIT[/yellow]"
             console.print(f"    {mark} {module['group']}: {module['name']}  [dim]# {escape(module['why'])}[/dim]")
+        for item in image["jit_only"]:
+            console.print(f"    [yellow]JIT[/yellow] {escape(item['what'])}  [dim]# {escape(item['why'])}[/dim]")
         console.print(f"  JIT cache: volume {escape(image['jit_cache_volume'])}")
         if plan.image["lab_stand_in"]:
             console.print(f"  [yellow]lab: the server runs the stand-in {plan.image['server_image']} (the fake SGLang "

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from gpunode import plan, profiles
+from gpunode import plan, profiles, stacks
 from gpunode.hostfile import Host, load
 from gpunode.image import BuildResult, VerifyReport, build, verify
 from gpunode.image.aot import AotPlan, modules_json, profile_modules
@@ -114,7 +114,8 @@ def test_a_module_missing_from_the_aot_directory_fails_verify(aot_built: BuildRe
 def test_module_names_are_flashinfers_own(built: BuildResult, engine: docker.DockerClient, flags: dict) -> None:
     """gpunode computes FlashInfer's module names without FlashInfer; FlashInfer 0.6.3's generators,
     in the built image, must name every module of the list the same."""
-    modules = profile_modules(profiles.load("glm5-nvfp4-sm120"), flags)
+    profile = profiles.load("glm5-nvfp4-sm120")
+    modules = profile_modules(stacks.load(profile.stack), profile, flags)
     # The spec comes through the image build's own builder (mounted: the plain image has none).
     script = (f"import json, runpy, sys; spec_of = runpy.run_path({AOT_BUILDER!r})['spec_of']; "
               "print(json.dumps([spec_of(e).name for e in json.loads(sys.argv[1])]))")

@@ -102,7 +102,7 @@ def test_verify_reports_sm120_per_library(report: VerifyReport) -> None:
 
 
 def test_wrong_pin_is_reported_as_a_mismatch(built: BuildResult) -> None:
-    wrong = verify(built.tag, profile_argv(), None, pins=ImagePins(sglang="0.5.8", transformers="5.3.0"),
+    wrong = verify(built.tag, profile_argv(), None, pins={"sglang": "0.5.8", "transformers": "5.3.0"},
                    kernels=False)
     assert finding(wrong, "pin sglang").detail == "MISMATCH: sglang 0.5.9 installed, pinned 0.5.8"
     assert finding(wrong, "pin transformers").detail == "MISMATCH: transformers 5.2.0 installed, pinned 5.3.0"
@@ -141,7 +141,7 @@ def test_broken_patch_fails_at_its_own_step(built: BuildResult, image_spec: Imag
                                             leftovers: None) -> None:
     folder = tmp_path / "sglang"
     shutil.copytree(images_dir(), folder)
-    (folder / "patches" / "0002-broken.patch").write_text(
+    (folder / "stacks" / "sglang-0.5.9-cu128" / "patches" / "0002-broken.patch").write_text(
         "Meant to fail: its context is not in sglang 0.5.9.\n\n"
         "--- a/sglang/srt/model_executor/model_runner.py\n+++ b/sglang/srt/model_executor/model_runner.py\n"
         "@@ -1,2 +1,2 @@\n this line is not in the file\n-neither is this one\n+nor this replacement\n")

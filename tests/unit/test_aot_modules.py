@@ -7,29 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import plan, profiles
+from gpunode import plan, profiles, stacks
 from gpunode.hostfile import HostFileError, load
 from gpunode.image import aot
 from gpunode.image.verify import aot_findings, judge, nvcc_compile_finding, sm_of
-from gpunode.hostfile import ImagePins
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "image" / "aot-h200" / "aot_h200.json"
 PROFILE = profiles.load("glm5-nvfp4-sm120")
+SEEDS = stacks.load(PROFILE.stack)
 MLA = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False"
 PREFILL = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_256_"
            "head_dim_vo_256_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False")
 
 
 def names(overrides: dict) -> list[str]:
-    return [m.name for m in aot.profile_modules(PROFILE, overrides)]
+    return [m.name for m in aot.profile_modules(SEEDS, PROFILE, overrides)]
 
 
 def test_the_seeds_profile_builds_attention_fp4_quantization_and_moe() -> None:
     # cuDNN FP4 GEMM (no FlashInfer module, no nvcc), bf16 KV, TP 8.
     assert names({}) == [MLA, PREFILL, "fp4_quantization_120", "fused_moe_120"]
     groups = [group for group, _ in aot.plan_for(aot.gpu_arch("RTX PRO 6000 Blackwell"),
-                                                  aot.profile_modules(PROFILE, {}), "profile", True, "x").groups()]
+                                                  aot.profile_modules(SEEDS, PROFILE, {}), "profile", True, "x").groups()]
     assert groups == ["attention", "fp4", "moe"]
 
 
@@ -50,9 +50,28 @@ def test_other_backends_build_nothing_of_theirs() -> None:
     assert names({"--quantization": False, "--attention-backend": "triton"}) == []
 
 
-def test_names_follow_flashinfers_uri_rules() -> None:
-    assert aot.batch_mla_name("bfloat16", "float8_e4m3fn", "bfloat16", "int32", 512, 64, False, "fa3").endswith(
-        "dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False_sm90")
+DTYPE_NAMES = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3", "int32": "i32"}  # flashinfer/jit/utils.py
+
+
+def uri(prefix: str, kwargs: dict, fields: list[tuple[str, str]]) -> str:
+    """FlashInfer 0.6.3's get_batch_mla_uri / get_batch_prefill_uri (jit/attention/modules.py 89-107,
+    371-395): each field as <label>_<value>, dtypes by their short names, _sm90 for fa3."""
+    def shown(value: object) -> str:
+        return DTYPE_NAMES[value[len("dtype:"):]] if isinstance(value, str) and value.startswith("dtype:") else str(value)
+    return prefix + "_".join(f"{label}_{shown(kwargs[key])}" for label, key in fields) + (
+        "_sm90" if kwargs["backend"] == "fa3" else "")
+
+
+def test_the_stacks_attention_names_follow_flashinfers_uri_rules() -> None:
+    dtypes = [("dtype_q", "dtype_q"), ("dtype_kv", "dtype_kv"), ("dtype_o", "dtype_o"), ("dtype_idx", "dtype_idx")]
+    rules = {rule.generator.split(":")[1]: rule for rule in SEEDS.flashinfer_modules}
+    mla = rules["gen_batch_mla_module"]
+    assert mla.name == uri("batch_mla_attention_", dict(mla.kwargs), dtypes + [
+        ("head_dim_ckv", "head_dim_ckv"), ("head_dim_kpe", "head_dim_kpe"), ("profiler", "use_profiler")])
+    prefill = rules["gen_batch_prefill_module"]
+    assert prefill.name == uri("batch_prefill_with_kv_cache_", dict(prefill.kwargs), dtypes + [
+        ("head_dim_qk", "head_dim_qk"), ("head_dim_vo", "head_dim_vo"), ("posenc", "pos_encoding_mode"),
+        ("use_swa", "use_sliding_window"), ("use_logits_cap", "use_logits_soft_cap"), ("f16qk", "use_fp16_qk_reduction")])
 
 
 def test_gpu_models_map_to_arch_specific_targets() -> None:
@@ -63,7 +82,7 @@ def test_gpu_models_map_to_arch_specific_targets() -> None:
 
 
 def test_modules_json_reads_back_with_dtypes_as_names() -> None:
-    entries = json.loads(aot.modules_json(aot.profile_modules(PROFILE, {})))
+    entries = json.loads(aot.modules_json(aot.profile_modules(SEEDS, PROFILE, {})))
     assert entries[0]["kwargs"]["dtype_q"] == "dtype:bfloat16" and entries[0]["kwargs"]["head_dim_ckv"] == 512
     assert entries[3] == {"name": "fused_moe_120", "generator": "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module",
                           "kwargs": {"use_fast_build": False}}
@@ -150,7 +169,7 @@ def test_nvcc_compile_finding() -> None:
 
 
 def test_a_missing_nvcc_names_the_reason_and_the_fix() -> None:
-    findings = {f.name: f for f in judge({"tools": {"nvcc": {"path": None}}}, ImagePins(), [], "sm_120",
+    findings = {f.name: f for f in judge({"tools": {"nvcc": {"path": None}}}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120",
                                          cuda_arch="12.0a")}
     assert findings["nvcc"].detail.startswith("no nvcc in the image (FlashInfer compiles its SM120 kernels with "
                                               "$CUDA_HOME/bin/nvcc at the first request")
@@ -159,8 +178,8 @@ def test_a_missing_nvcc_names_the_reason_and_the_fix() -> None:
 
 def test_the_toolchains_cuda_is_what_nvcc_is_judged_against() -> None:
     tools = {"nvcc": {"path": "/usr/local/cuda/bin/nvcc", "version": "Cuda compilation tools, release 13.0, V13.0.88"}}
-    assert {f.name: f for f in judge({"tools": tools}, ImagePins(), [], "sm_120", tool_cuda="13.0")}["nvcc"].ok
-    assert not {f.name: f for f in judge({"tools": tools}, ImagePins(), [], "sm_120")}["nvcc"].ok
+    assert {f.name: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120", tool_cuda="13.0")}["nvcc"].ok
+    assert not {f.name: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120")}["nvcc"].ok
 
 
 # ---- the H200 reading: a module built ahead of time ran with JIT disabled ----------------------

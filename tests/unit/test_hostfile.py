@@ -111,7 +111,7 @@ CASES: list[tuple[str, str, str]] = [
     ("model-id-bad", mutate("id: lukealonso/GLM-5-NVFP4", "id: GLM-5"),
      "hosts[0].model.id: has the wrong form"),
     ("profile-unknown", BASE + "    server:\n      profile: llama-70b\n",
-     "hosts[0].server.profile: unknown profile 'llama-70b' (known: glm5-nvfp4-sm120) (line 30)"),
+     "hosts[0].server.profile: unknown profile 'llama-70b' (known: glm5-nvfp4-sm120, glm5-nvfp4-sm120-current) (line 30)"),
     ("bind-exposed-no-key", BASE + "    server:\n      bind: 0.0.0.0\n",
      "hosts[0].server: bind 0.0.0.0 is reachable from other machines: set api_key (line 29)"),
     ("flag-not-long", BASE + "    server:\n      flags: {tp: 4}\n",

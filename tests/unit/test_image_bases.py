@@ -6,7 +6,8 @@ import pytest
 
 from gpunode.hostfile import Image
 from gpunode.image import bases
-from gpunode.image.context import LOCK, TOOLCHAIN_LOCK, collect_inputs, images_dir, lock_versions
+from gpunode import stacks
+from gpunode.image.context import LOCK, TOOLCHAIN_LOCK, collect_inputs, images_dir, lock_versions, version_matches
 
 DEVEL = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
 DIGEST = "sha256:" + "ab" * 32
@@ -39,29 +40,31 @@ def test_the_host_file_refuses_an_unknown_base() -> None:
 
 
 def test_the_default_base_carries_cuda_12_8s_toolchain() -> None:
-    toolchain = bases.toolchain_for(Image().base, "base")
-    assert Image().base == DEVEL
+    toolchain = bases.toolchain_for(Image().base_name, "base")
+    assert Image().base is None and Image().base_name == DEVEL
     assert toolchain is not None and (toolchain.cuda, toolchain.cuda_home, toolchain.lab_only) == ("12.8", "/usr/local/cuda", False)
     assert bases.toolchain_for("debootstrap", "base") is None
     assert bases.toolchain_for("debootstrap", "pypi-cuda-13.0").lab_only
 
 
 @pytest.mark.parametrize("name", list(bases.bases()))
-def test_every_base_has_a_lock_for_its_python(name: str) -> None:
-    base = bases.bases()[name]
-    lock = (images_dir() / base.lock).read_text()
-    versions = lock_versions(lock)
-    assert versions["sglang"] == "0.5.9" and versions["torch"] == "2.9.1"
-    # The Python the lock was resolved for: uv writes a cp3XX wheel hash set per interpreter, and
-    # lock.sh names the interpreter; the same versions must hold for both interpreters.
-    assert {"3.11": "requirements.lock", "3.12": "requirements-py312.lock"}[base.python] == base.lock
+@pytest.mark.parametrize("stack", stacks.available())
+def test_every_stack_has_a_lock_for_each_bases_python(name: str, stack: str) -> None:
+    base, held = bases.bases()[name], stacks.load(stack)
+    lock_name = held.lock_for(base.python)
+    assert lock_name is not None, f"stack {stack} has no lock for Python {base.python} (base {name})"
+    versions = lock_versions((held.folder / lock_name).read_text())
+    # The same versions hold for each interpreter's lock: the stack's pins.
+    assert all(version_matches(pin.version, versions.get(dist)) for pin in held.pins.values() for dist in pin.distributions)
+    assert {"3.11": "requirements.lock", "3.12": "requirements-py312.lock"}[base.python] == lock_name
 
 
 def test_the_build_context_takes_the_bases_lock_under_one_name() -> None:
     bookworm = collect_inputs(Image(base="debootstrap"))
     noble = collect_inputs(Image(base="ubuntu:24.04"))
-    assert bookworm.files[LOCK] == (images_dir() / "requirements.lock").read_bytes()
-    assert noble.files[LOCK] == (images_dir() / "requirements-py312.lock").read_bytes()
+    seeds = stacks.load(stacks.DEFAULT).folder
+    assert bookworm.files[LOCK] == (seeds / "requirements.lock").read_bytes()
+    assert noble.files[LOCK] == (seeds / "requirements-py312.lock").read_bytes()
     assert TOOLCHAIN_LOCK not in bookworm.files
 
 

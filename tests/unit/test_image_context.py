@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpunode import stacks
 from gpunode.hostfile import Image, ImagePins
 from gpunode.image.context import (
     CA_IN_CONTEXT,
@@ -21,6 +22,8 @@ from gpunode.image.context import (
     read_base_packages,
     version_matches,
 )
+
+SEEDS = stacks.load(stacks.DEFAULT)
 
 
 @pytest.fixture
@@ -46,20 +49,20 @@ def test_lock_versions_reads_names_normalized() -> None:
 
 
 def test_shipped_lock_holds_the_default_pins() -> None:
-    lock = (images_dir() / "requirements.lock").read_text()
-    assert lock_pin_mismatches(lock, ImagePins()) == []
+    lock = (SEEDS.folder / "requirements.lock").read_text()
+    assert lock_pin_mismatches(lock, SEEDS.versions(), SEEDS) == []
     assert "--hash=sha256:" in lock
 
 
 def test_lock_pin_mismatch_names_the_distribution() -> None:
-    lock = (images_dir() / "requirements.lock").read_text()
-    problems = lock_pin_mismatches(lock, ImagePins(sglang="0.5.8", cuda="12.9"))
+    lock = (SEEDS.folder / "requirements.lock").read_text()
+    problems = lock_pin_mismatches(lock, {**SEEDS.versions(), "sglang": "0.5.8", "cuda": "12.9"}, SEEDS)
     assert "sglang: the lock has 0.5.9, the pins say 0.5.8" in problems
     assert any(p.startswith("nvidia-cuda-runtime-cu12: the lock has 12.8.") for p in problems)
 
 
 def test_every_lock_line_is_hashed() -> None:
-    lock = (images_dir() / "requirements.lock").read_text()
+    lock = (SEEDS.folder / "requirements.lock").read_text()
     for block in lock.split("\n"):
         if "==" in block and not block.startswith((" ", "#")):
             assert block.endswith("\\"), f"no hash after {block}"
@@ -112,7 +115,7 @@ def test_missing_ca_bundle_is_an_input_error(tmp_path: Path) -> None:
 
 
 def test_patches_render_one_step_each_in_name_order(folder: Path) -> None:
-    (folder / "patches" / "0000-first.patch").write_text((folder / "patches").glob("*.patch").__next__().read_text())
+    (folder / "stacks" / stacks.DEFAULT / "patches" / "0000-first.patch").write_text((folder / "stacks" / stacks.DEFAULT / "patches").glob("*.patch").__next__().read_text())
     inputs = collect_inputs(Image(base="debootstrap"), folder)
     assert inputs.patches[0] == "0000-first.patch"
     first, second = (inputs.dockerfile.index(f"COPY patches/{p}") for p in inputs.patches[:2])
@@ -126,14 +129,14 @@ def test_tag_is_stable_and_follows_content(folder: Path) -> None:
     assert base.startswith("gpunode/sglang:0.5.9-cu128-")
     (folder / "README.md").write_text("docs do not change the image")
     assert image_tag(Image(base="debootstrap"), folder) == base
-    for change, extra in (("requirements.lock", b"# changed"), ("Dockerfile.j2", b"# changed"),
+    for change, extra in ((f"stacks/{stacks.DEFAULT}/requirements.lock", b"# changed"), ("Dockerfile.j2", b"# changed"),
                           ("base-packages.txt", b"htop"), ("pip.lock", b"# changed")):
         path = folder / change
         original = path.read_bytes()
         path.write_bytes(original + b"\n" + extra + b"\n")
         assert image_tag(Image(base="debootstrap"), folder) != base, change
         path.write_bytes(original)
-    (folder / "patches" / "0002-more.patch").write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    (folder / "stacks" / stacks.DEFAULT / "patches" / "0002-more.patch").write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     assert image_tag(Image(base="debootstrap"), folder) != base
 
 
@@ -156,6 +159,6 @@ def test_patch_step_recompiles_the_files_it_changes() -> None:
 
 
 def test_unparseable_patch_is_an_input_error(folder: Path) -> None:
-    (folder / "patches" / "0009-notes.patch").write_text("only words\n")
+    (folder / "stacks" / stacks.DEFAULT / "patches" / "0009-notes.patch").write_text("only words\n")
     with pytest.raises(ImageInputError, match="0009-notes.patch: no '\\+\\+\\+ b/<path>' header"):
         collect_inputs(Image(base="debootstrap"), folder)

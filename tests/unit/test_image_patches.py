@@ -34,7 +34,7 @@ RUNNER_0_5_9 = '''    def _should_run_flashinfer_autotune(self) -> bool:
 
 
 def autotune_text() -> str:
-    return (images_dir() / "patches" / AUTOTUNE).read_text()
+    return (images_dir() / "stacks" / "sglang-0.5.9-cu128" / "patches" / AUTOTUNE).read_text()
 
 
 def tree_with(tmp_path: Path, text: str) -> Path:

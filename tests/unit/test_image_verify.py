@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.hostfile import ImagePins
+from gpunode import stacks
 from gpunode.image.patches import parse_patch
 from gpunode.image.verify import (
     PROBE_MARK,
@@ -27,7 +27,8 @@ from gpunode.image.verify import (
     torch_cuda_finding,
 )
 
-PINS = ImagePins()
+SEEDS = stacks.load(stacks.DEFAULT)
+PINS = SEEDS.versions()
 GOOD_VERSIONS = {"torch": "2.9.1", "sglang": "0.5.9", "flashinfer-python": "0.6.3", "flashinfer-cubin": "0.6.3",
                  "sgl-kernel": "0.3.21", "transformers": "5.2.0", "nvidia-cuda-runtime-cu12": "12.8.90",
                  "nvidia-cuda-nvcc-cu12": "12.8.93"}
@@ -35,7 +36,7 @@ PTXAS_12_8 = "ptxas: NVIDIA (R) Ptx optimizing assembler\nCuda compilation tools
 
 
 def good_facts() -> dict[str, Any]:
-    patch = load_patches()[0]
+    patch = load_patches(SEEDS)[0]
     runner = "\n".join(line for block in patch.added_blocks["sglang/srt/model_executor/model_runner.py"] for line in block)
     return {
         "versions": dict(GOOD_VERSIONS),
@@ -55,7 +56,7 @@ def by_name(findings: list[Any]) -> dict[str, Any]:
 
 
 def test_all_good_facts_pass() -> None:
-    report = VerifyReport("t", judge(good_facts(), PINS, load_patches(), "sm_120"))
+    report = VerifyReport("t", judge(good_facts(), PINS, SEEDS, load_patches(SEEDS), "sm_120"))
     assert report.ok, [f for f in report.findings if not f.ok]
     names = [f.name for f in report.findings]
     assert names[:2] == ["pin torch", "pin sglang"]
@@ -65,7 +66,7 @@ def test_all_good_facts_pass() -> None:
 
 
 def test_wrong_pin_is_a_named_mismatch() -> None:
-    findings = by_name(pin_findings({**GOOD_VERSIONS, "sglang": "0.5.8"}, PINS))
+    findings = by_name(pin_findings({**GOOD_VERSIONS, "sglang": "0.5.8"}, PINS, SEEDS))
     assert not findings["pin sglang"].ok
     assert findings["pin sglang"].detail == "MISMATCH: sglang 0.5.8 installed, pinned 0.5.9"
     assert findings["pin torch"].ok
@@ -73,13 +74,13 @@ def test_wrong_pin_is_a_named_mismatch() -> None:
 
 def test_missing_distribution_fails() -> None:
     versions = {k: v for k, v in GOOD_VERSIONS.items() if k != "flashinfer-cubin"}
-    finding = by_name(pin_findings(versions, PINS))["pin flashinfer-cubin"]
+    finding = by_name(pin_findings(versions, PINS, SEEDS))["pin flashinfer-cubin"]
     assert not finding.ok and "not installed" in finding.detail
 
 
 def test_expected_pins_come_from_labels_or_argument() -> None:
-    pins = pins_from_labels({"org.gpunode.pin.sglang": "0.5.8", "org.gpunode.venv": "/opt/sglang", "other": "x"})
-    assert pins.sglang == "0.5.8" and pins.torch == "2.9.1"
+    pins = pins_from_labels({"org.gpunode.pin.sglang": "0.5.8", "org.gpunode.venv": "/opt/sglang", "other": "x"}, SEEDS)
+    assert pins["sglang"] == "0.5.8" and pins["torch"] == "2.9.1"
 
 
 def test_torch_cuda() -> None:
@@ -100,10 +101,10 @@ def test_tool_finding_reads_release() -> None:
 def test_unapplied_patch_fails_with_its_name() -> None:
     facts = good_facts()
     facts["files"]["sglang/srt/model_executor/model_runner.py"] = '            # "flashinfer_cutlass",\n'
-    finding = by_name(judge(facts, PINS, load_patches(), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
+    finding = by_name(judge(facts, PINS, SEEDS, load_patches(SEEDS), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
     assert not finding.ok and "lacks the patched text" in finding.detail
     facts["files"]["sglang/srt/model_executor/model_runner.py"] = None
-    finding = by_name(judge(facts, PINS, load_patches(), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
+    finding = by_name(judge(facts, PINS, SEEDS, load_patches(SEEDS), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
     assert "is not installed" in finding.detail
 
 
@@ -161,7 +162,7 @@ def test_server_args_after_module() -> None:
 
 
 def test_probe_request_lists_patched_files_and_pinned_distributions() -> None:
-    request = probe_request(PINS, load_patches(), ["python3", "-m", "sglang.launch_server", "--port", "1"])
+    request = probe_request(PINS, SEEDS, load_patches(SEEDS), ["python3", "-m", "sglang.launch_server", "--port", "1"])
     assert request["files"] == ["sglang/srt/model_executor/model_runner.py"]
     assert "flashinfer-cubin" in request["distributions"]
     assert request["server_argv"] == ["--port", "1"]
@@ -176,4 +177,4 @@ def test_probe_output_is_found_after_noise() -> None:
 
 def test_a_patch_parsed_from_text_drives_the_files_checked() -> None:
     patch = parse_patch("p.patch", "--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1 @@\n-a\n+b\n")
-    assert probe_request(PINS, [patch], [])["files"] == ["pkg/m.py"]
+    assert probe_request(PINS, SEEDS, [patch], [])["files"] == ["pkg/m.py"]

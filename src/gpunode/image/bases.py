@@ -2,8 +2,8 @@
 
 A base in the host file is a known name, optionally behind a site's registry mirror
 (``registry.example:5000/nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04``) and optionally pinned by
-digest (``...@sha256:<64 hex>``). Its entry says which Python the lock is resolved for and which
-CUDA toolchain it carries. Nothing here imports the host file's model, so the model can use it.
+digest (``...@sha256:<64 hex>``). Its entry says which Python it has (the stack's lock for that
+Python is installed) and which CUDA toolchain it carries. Nothing here imports the host file's model, so the model can use it.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ class Toolchain:
     cuda_home: str
     source: str
     lab_only: bool
-    lock: str | None = None
+    lock: str | None = None  # a toolchain of its own venv; None with in_stack
+    in_stack: bool = False  # installed by the stack's own lock, in the server's venv
     why: str = ""
 
 
 @dataclass(frozen=True)
 class Base:
     name: str  # the catalog's name: no mirror, no digest
-    python: str
-    lock: str
+    python: str  # the stack's lock for this Python is the one installed
     toolchain: str | None
     why: str
 
@@ -77,7 +77,7 @@ def _catalog() -> dict[str, dict]:  # type: ignore[type-arg]
 
 
 def bases() -> dict[str, Base]:
-    return {name: Base(name=name, python=str(entry["python"]), lock=entry["lock"], toolchain=entry.get("toolchain"),
+    return {name: Base(name=name, python=str(entry["python"]), toolchain=entry.get("toolchain"),
                        why=" ".join(str(entry.get("why", "")).split()))
             for name, entry in _catalog()["bases"].items()}
 
@@ -85,6 +85,7 @@ def bases() -> dict[str, Base]:
 def toolchains() -> dict[str, Toolchain]:
     return {name: Toolchain(name=name, cuda=str(entry["cuda"]), cuda_home=entry["cuda_home"], source=entry["source"],
                             lab_only=bool(entry["lab_only"]), lock=entry.get("lock"),
+                            in_stack=bool(entry.get("in_stack", False)),
                             why=" ".join(str(entry.get("why", "")).split()))
             for name, entry in _catalog()["toolchains"].items()}
 
@@ -108,8 +109,11 @@ def base_of(text: str) -> Base:
     return bases()[parse(text).name]
 
 
-def toolchain_for(base_text: str, choice: str) -> Toolchain | None:
-    """The image's toolchain: the base's own (``choice`` 'base'), or a named one layered on top."""
+def toolchain_for(base_text: str, choice: str, stack_toolchain: str | None = None) -> Toolchain | None:
+    """The image's toolchain: the stack's own when it brings one, else the base's own (``choice``
+    'base'), or a named one layered on top."""
+    if stack_toolchain:
+        return toolchains()[stack_toolchain]
     if choice == "base":
         own = base_of(base_text).toolchain
         return toolchains()[own] if own else None

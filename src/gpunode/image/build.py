@@ -159,8 +159,8 @@ def build(image: Image, engine_url: str | None = None, console: Console | None =
     except ImageInputError as exc:
         raise BuildError(str(exc)) from None
     if inputs.lock_problems:
-        raise BuildError("requirements.lock does not hold the host file's pins (re-lock with "
-                         "images/sglang/lock.sh after editing requirements.in):\n  " + "\n  ".join(inputs.lock_problems))
+        raise BuildError(f"the lock of stack {inputs.stack.name} does not hold the host file's pins (re-lock with "
+                         "images/sglang/lock.sh after editing its requirements.in):\n  " + "\n  ".join(inputs.lock_problems))
     tag = inputs.tag
     client = docker_client(engine_url)
     try:
@@ -171,7 +171,7 @@ def build(image: Image, engine_url: str | None = None, console: Console | None =
         if inputs.debootstrap is not None:
             ensure_debootstrap_base(client, inputs.debootstrap, console)
         else:
-            base_digest = ensure_registry_base(client, bases.parse(image.base), console)
+            base_digest = ensure_registry_base(client, bases.parse(image.base_name), console)
         console.print(f"image {tag}: building from {inputs.base_ref}")
         with BuildDisplay(console) as display:
             image_id = stream_build(client, inputs, tag, display, build_labels(inputs, base_digest))

@@ -1,7 +1,7 @@
 """What goes into the server image: the rendered Dockerfile, the files beside it, and the tag.
 
 The tag is derived from exactly the bytes the build sends to Docker (the build context: rendered
-Dockerfile, locks, patches, the optional CA bundle) plus the base. Equal inputs give an equal tag,
+Dockerfile, the stack's lock and patches, the optional CA bundle) plus the base. Equal inputs give an equal tag,
 and a tag that already exists on the engine is not built again. This is the one definition of the
 image tag; ``gpunode.plan`` should call :func:`image_tag`.
 """
@@ -14,10 +14,12 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import jinja2
 
-from gpunode.hostfile import Image, ImagePins
+from gpunode.hostfile import Image
+from gpunode import stacks
 from gpunode.image import bases
 from gpunode.image.aot import AotPlan, modules_json
 from gpunode.image.patches import PatchFormatError, parse_patch
@@ -37,19 +39,8 @@ AOT_BUILDER = f"/opt/gpunode/{AOT_SCRIPT}"  # in the image: builds the modules, 
 TOOLCHAIN_VENV = "/opt/cuda-toolchain"
 PIP_LOCK = "pip.lock"
 BASE_PACKAGES = "base-packages.txt"
-PATCHES = "patches"
+PATCHES = stacks.PATCHES
 LABEL_PREFIX = "org.gpunode"
-
-# Each pin of the host file and the distributions that must carry it. A pin ending in a minor
-# version (cuda 12.8) matches any patch release (12.8.93).
-PIN_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",),
-    "sglang": ("sglang",),
-    "flashinfer": ("flashinfer-python", "flashinfer-cubin"),
-    "sgl_kernel": ("sgl-kernel",),
-    "transformers": ("transformers",),
-    "cuda": ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12"),
-}
 
 
 class ImageInputError(ValueError):
@@ -60,6 +51,11 @@ def images_dir() -> Path:
     return IMAGES / "sglang"
 
 
+def stack_of(image: Image, folder: Path | None = None) -> stacks.Stack:
+    """The image's stack, from ``folder``'s stacks (default: the package's)."""
+    return stacks.load(image.stack, (folder or images_dir()) / "stacks")
+
+
 def version_matches(pin: str, version: str | None) -> bool:
     """``12.8`` matches ``12.8.93``; ``2.9.1`` matches only ``2.9.1`` (and local tags like ``+cu128``)."""
     if version is None:
@@ -68,10 +64,10 @@ def version_matches(pin: str, version: str | None) -> bool:
     return public == pin or public.startswith(pin + ".")
 
 
-def expected_versions(pins: ImagePins) -> dict[str, str]:
-    """Distribution name -> the pin it must match."""
-    values = pins.model_dump()
-    return {dist: values[pin] for pin, dists in PIN_DISTRIBUTIONS.items() for dist in dists}
+def expected_versions(pins: Mapping[str, str], stack: stacks.Stack) -> dict[str, str]:
+    """Distribution name -> the pin it must match (the stack says which distributions carry a pin;
+    a pin ending in a minor version, cuda 12.8, matches any patch release, 12.8.93)."""
+    return {dist: pins[pin] for pin, entry in stack.pins.items() for dist in entry.distributions}
 
 
 _LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)
@@ -86,11 +82,11 @@ def lock_versions(lock_text: str) -> dict[str, str]:
     return {normalize(name): version for name, version in _LOCK_LINE.findall(lock_text)}
 
 
-def lock_pin_mismatches(lock_text: str, pins: ImagePins) -> list[str]:
+def lock_pin_mismatches(lock_text: str, pins: Mapping[str, str], stack: stacks.Stack) -> list[str]:
     """One line per pinned distribution whose locked version differs from the host file's pin."""
     locked = lock_versions(lock_text)
     problems = []
-    for dist, pin in expected_versions(pins).items():
+    for dist, pin in expected_versions(pins, stack).items():
         found = locked.get(normalize(dist))
         if not version_matches(pin, found):
             problems.append(f"{dist}: the lock has {found or 'nothing'}, the pins say {pin}")
@@ -118,12 +114,6 @@ class DebootstrapBase:
         return f"gpunode/base:{self.suite}-{self.variant}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
-def patch_names(folder: Path) -> list[str]:
-    """Patches in the order they are applied: file name order."""
-    patch_dir = folder / PATCHES
-    return sorted(p.name for p in patch_dir.glob("*.patch")) if patch_dir.is_dir() else []
-
-
 def patch_targets(files: dict[str, bytes]) -> dict[str, list[str]]:
     """Patch name -> files it changes, for the patches among the context files (in name order)."""
     targets = {}
@@ -137,8 +127,9 @@ def patch_targets(files: dict[str, bytes]) -> dict[str, list[str]]:
     return targets
 
 
-def pin_labels(pins: ImagePins) -> dict[str, str]:
-    labels = {f"{LABEL_PREFIX}.pin.{name}": value for name, value in pins.model_dump().items()}
+def pin_labels(pins: Mapping[str, str], stack: str) -> dict[str, str]:
+    labels = {f"{LABEL_PREFIX}.pin.{name}": value for name, value in pins.items()}
+    labels[f"{LABEL_PREFIX}.stack"] = stack
     labels[f"{LABEL_PREFIX}.venv"] = VENV
     return labels
 
@@ -152,8 +143,9 @@ class BuildInputs:
     base_ref: str
     debootstrap: DebootstrapBase | None
     patches: tuple[str, ...]
-    pins: ImagePins
+    pins: Mapping[str, str]
     name: str
+    stack: stacks.Stack
     lock_problems: tuple[str, ...] = field(default=())
     toolchain: bases.Toolchain | None = None
     aot: AotPlan | None = None
@@ -166,7 +158,7 @@ class BuildInputs:
 
     @property
     def tag(self) -> str:
-        return f"{self.name}:{self.pins.sglang}-cu{self.pins.cuda.replace('.', '')}-{self.digest()[:12]}"
+        return f"{self.name}:{self.pins['sglang']}-cu{self.pins['cuda'].replace('.', '')}-{self.digest()[:12]}"
 
 
 def render_dockerfile(template_text: str, *, base_ref: str, apt_packages: list[str], ca_bundle: str | None,
@@ -197,38 +189,46 @@ def _read(folder: Path, name: str) -> bytes:
 
 
 def collect_inputs(image: Image, folder: Path | None = None, aot: AotPlan | None = None) -> BuildInputs:
-    """Read images/sglang/ (or ``folder``) and the host file's image section into build inputs;
-    ``aot`` (gpunode.plan.aot_plan of the host) adds the FlashInfer modules built ahead of time."""
+    """Read images/sglang/ (or ``folder``), the image's stack there and the host file's image
+    section into build inputs; ``aot`` (gpunode.plan.aot_plan of the host) adds the FlashInfer
+    modules built ahead of time."""
     folder = folder or images_dir()
+    stack = stack_of(image, folder)
     packages = read_base_packages(_read(folder, BASE_PACKAGES).decode())
-    base = bases.parse(image.base)
+    base = bases.parse(image.base_name)
     debootstrap = DebootstrapBase(tuple(packages)) if base.local else None
     base_ref = debootstrap.ref if debootstrap else base.pull_ref
-    toolchain = bases.toolchain_for(image.base, image.toolchain)
+    python = bases.base_of(image.base_name).python
+    toolchain = bases.toolchain_for(image.base_name, image.toolchain, stack.toolchain)
     if aot is not None and not aot.modules:
         aot = None
     if aot is not None and toolchain is None:
-        raise ImageInputError(f"FlashInfer modules ahead of time need a CUDA toolchain, and base {image.base} has none")
-    patches = patch_names(folder)
-    files = {LOCK: _read(folder, bases.base_of(image.base).lock), PIP_LOCK: _read(folder, PIP_LOCK)}
+        raise ImageInputError(f"FlashInfer modules ahead of time need a CUDA toolchain, and base {image.base_name} has none")
+    lock = stack.lock_for(python)
+    if lock is None:
+        raise ImageInputError(f"stack {stack.name} has no lock for Python {python}, the Python of base {base.name} "
+                              f"(it has {', '.join(stack.locks)})")
+    patches = stack.patch_names()
+    files = {LOCK: _read(stack.folder, lock), PIP_LOCK: _read(folder, PIP_LOCK)}
     if toolchain is not None and toolchain.lock:
         files[TOOLCHAIN_LOCK] = _read(folder, toolchain.lock)
     if aot is not None:
         files[AOT_SCRIPT] = _read(folder, AOT_SCRIPT)
-    files.update({f"{PATCHES}/{name}": _read(folder, f"{PATCHES}/{name}") for name in patches})
+    files.update({f"{PATCHES}/{name}": _read(stack.folder, f"{PATCHES}/{name}") for name in patches})
     if image.ca_bundle is not None:
         if not image.ca_bundle.is_file():
             raise ImageInputError(f"image.ca_bundle {image.ca_bundle} is not a readable file")
         files[CA_IN_CONTEXT] = image.ca_bundle.read_bytes()
+    pins = image.pinned()
     dockerfile = render_dockerfile(
         _read(folder, TEMPLATE).decode(), base_ref=base_ref,
         apt_packages=[] if debootstrap else packages,
         ca_bundle=CA_IN_CONTEXT if image.ca_bundle is not None else None,
-        patches=patch_targets(files), labels=pin_labels(image.pins), toolchain=toolchain, aot=aot,
+        patches=patch_targets(files), labels=pin_labels(pins, stack.name), toolchain=toolchain, aot=aot,
     )
-    problems = lock_pin_mismatches(files[LOCK].decode(), image.pins)
+    problems = lock_pin_mismatches(files[LOCK].decode(), pins, stack)
     return BuildInputs(dockerfile=dockerfile, files=files, base_ref=base_ref, debootstrap=debootstrap,
-                       patches=tuple(patches), pins=image.pins, name=image.name, lock_problems=tuple(problems),
+                       patches=tuple(patches), pins=pins, name=image.name, stack=stack, lock_problems=tuple(problems),
                        toolchain=toolchain, aot=aot)
 
 

@@ -16,17 +16,17 @@ from typing import Any, Mapping
 import docker
 from docker.errors import DockerException, ImageNotFound
 
-from gpunode.hostfile import Image, ImagePins
+from gpunode import stacks
 from gpunode.image.aot import GPU_ARCHS, AotPlan
 from gpunode.image.build import docker_client
-from gpunode.image.context import AOT_BUILDER, LABEL_PREFIX, expected_versions, images_dir, patch_names, version_matches
+from gpunode.image.context import AOT_BUILDER, LABEL_PREFIX, expected_versions, images_dir, version_matches
 from gpunode.image.patches import Patch, blocks_present, parse_patch
 
 PROBE_MARK = "GPUNODE-PROBE "
 PROBE_TIMEOUT_S = 1200  # cuobjdump over torch's ~1 GB of CUDA libraries takes a while on 2 cores
 TARGET_ARCH = "sm_120"
 DEFAULT_CUDA_ARCH = GPU_ARCHS["RTX PRO 6000 Blackwell"].cuda_arch  # the mission's GPUs, when the image records none
-DEFAULT_DEVEL_BASE = Image.model_fields["base"].default  # the host file's default: CUDA 12.8's devel image
+DEFAULT_DEVEL_BASE = stacks.load(stacks.DEFAULT).base  # the seeds' stack's base: CUDA 12.8's devel image
 # Binaries with device code, per library, as globs under site-packages.
 # flashinfer-python itself is JIT-only; its precompiled kernels come in flashinfer-cubin.
 KERNEL_GLOBS: dict[str, list[str]] = {
@@ -66,9 +66,9 @@ class VerifyReport:
 
 # ---- judging facts (pure) ------------------------------------------------------------------
 
-def pin_findings(versions: Mapping[str, str | None], pins: ImagePins) -> list[Finding]:
+def pin_findings(versions: Mapping[str, str | None], pins: Mapping[str, str], stack: stacks.Stack) -> list[Finding]:
     findings = []
-    for dist, pin in expected_versions(pins).items():
+    for dist, pin in expected_versions(pins, stack).items():
         found = versions.get(dist)
         ok = version_matches(pin, found)
         detail = f"{dist} {found} installed, pinned {pin}" if found else f"{dist} is not installed (pinned {pin})"
@@ -76,12 +76,12 @@ def pin_findings(versions: Mapping[str, str | None], pins: ImagePins) -> list[Fi
     return findings
 
 
-def torch_cuda_finding(torch: dict[str, Any], pins: ImagePins) -> Finding:
+def torch_cuda_finding(torch: dict[str, Any], pins: Mapping[str, str]) -> Finding:
     if "error" in torch:
         return Finding("torch CUDA", False, f"import torch failed: {torch['error']}")
     cuda = torch.get("cuda")
-    ok = cuda is not None and version_matches(pins.cuda, cuda)
-    return Finding("torch CUDA", ok, f"torch {torch.get('version')} is built for CUDA {cuda}, pinned {pins.cuda}")
+    ok = cuda is not None and version_matches(pins["cuda"], cuda)
+    return Finding("torch CUDA", ok, f"torch {torch.get('version')} is built for CUDA {cuda}, pinned {pins['cuda']}")
 
 
 _RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
@@ -227,15 +227,15 @@ def aot_findings(facts: dict[str, Any], expected: list[dict[str, Any]], cuda_arc
     return findings
 
 
-def judge(facts: dict[str, Any], pins: ImagePins, patches: list[Patch], target: str, *, tool_cuda: str | None = None,
-          cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> list[Finding]:
+def judge(facts: dict[str, Any], pins: Mapping[str, str], stack: stacks.Stack, patches: list[Patch], target: str, *,
+          tool_cuda: str | None = None, cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> list[Finding]:
     """All findings, in a fixed order, from the probe's facts. ``tool_cuda``: the CUDA release of
     the image's toolchain (default: the pinned one); ``aot``: the modules built ahead of time."""
     tools = facts.get("tools", {})
-    findings = pin_findings(facts.get("versions", {}), pins)
+    findings = pin_findings(facts.get("versions", {}), pins, stack)
     findings.append(torch_cuda_finding(facts.get("torch", {}), pins))
-    findings.append(tool_finding("nvcc", tools.get("nvcc", {}), tool_cuda or pins.cuda, NO_NVCC))
-    findings.append(tool_finding("ptxas", tools.get("ptxas", {}), tool_cuda or pins.cuda,
+    findings.append(tool_finding("nvcc", tools.get("nvcc", {}), tool_cuda or pins["cuda"], NO_NVCC))
+    findings.append(tool_finding("ptxas", tools.get("ptxas", {}), tool_cuda or pins["cuda"],
                                  "Triton and FlashInfer assemble PTX with it"))
     if cuda_arch:
         findings.append(nvcc_compile_finding(facts.get("nvcc_compile", {}), cuda_arch))
@@ -256,23 +256,30 @@ def server_args_after_module(launch_argv: list[str]) -> list[str]:
 
 # ---- running the probe ---------------------------------------------------------------------
 
-def load_patches(folder: Path | None = None) -> list[Patch]:
-    folder = folder or images_dir()
-    return [parse_patch(name, (folder / "patches" / name).read_text(encoding="utf-8")) for name in patch_names(folder)]
+def load_patches(stack: stacks.Stack) -> list[Patch]:
+    return [parse_patch(name, (stack.folder / stacks.PATCHES / name).read_text(encoding="utf-8"))
+            for name in stack.patch_names()]
 
 
-def pins_from_labels(labels: dict[str, str]) -> ImagePins:
+def stack_from_labels(labels: dict[str, str], folder: Path | None = None) -> stacks.Stack:
+    """The stack the image was built from (an image from before stacks: the seeds')."""
+    return stacks.load(labels.get(f"{LABEL_PREFIX}.stack", stacks.DEFAULT), (folder or images_dir()) / "stacks")
+
+
+def pins_from_labels(labels: dict[str, str], stack: stacks.Stack) -> dict[str, str]:
+    """The pins the image records, over its stack's."""
     prefix = f"{LABEL_PREFIX}.pin."
-    return ImagePins(**{k[len(prefix):]: v for k, v in labels.items() if k.startswith(prefix)})
+    return {**stack.versions(), **{k[len(prefix):]: v for k, v in labels.items() if k.startswith(prefix)}}
 
 
-def probe_request(pins: ImagePins, patches: list[Patch], launch_argv: list[str], kernels: bool = True, *,
+def probe_request(pins: Mapping[str, str], stack: stacks.Stack, patches: list[Patch], launch_argv: list[str],
+                  kernels: bool = True, *,
                   cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "cuda_arch": cuda_arch,
         "aot": aot or [],
         "aot_builder": AOT_BUILDER,
-        "distributions": sorted(expected_versions(pins)),
+        "distributions": sorted(expected_versions(pins, stack)),
         "tools": ["nvcc", "ptxas", "cuobjdump"],
         "files": sorted({target for patch in patches for target in patch.added_blocks}),
         "kernels": KERNEL_GLOBS if kernels else {},
@@ -305,11 +312,11 @@ def run_probe(client: docker.DockerClient, tag: str, request: dict[str, Any]) ->
         container.remove(force=True)
 
 
-def verify(tag: str, launch_argv: list[str], engine_url: str | None = None, *, pins: ImagePins | None = None,
+def verify(tag: str, launch_argv: list[str], engine_url: str | None = None, *, pins: Mapping[str, str] | None = None,
            arch: str = TARGET_ARCH, folder: Path | None = None, kernels: bool = True,
            aot: AotPlan | None = None) -> VerifyReport:
     """Check the image ``tag`` against its pins (by default those recorded in its labels), the
-    patches of images/sglang/patches, the target arch and a server launch command line; its
+    patches of its stack (the one its labels name), the target arch and a server launch command line; its
     toolchain (nvcc compiles for the GPUs' arch) and the FlashInfer modules built ahead of time
     (``aot``, the host's plan, else those its labels record).
 
@@ -320,15 +327,16 @@ def verify(tag: str, launch_argv: list[str], engine_url: str | None = None, *, p
             labels = client.images.get(tag).labels or {}
         except ImageNotFound:
             raise VerifyError(f"image {tag} is not on the engine") from None
-        expected = pins or pins_from_labels(labels)
-        patches = load_patches(folder)
+        stack = stack_from_labels(labels, folder)
+        expected = {**stack.versions(), **pins} if pins else pins_from_labels(labels, stack)
+        patches = load_patches(stack)
         cuda_arch = aot.arch.cuda_arch if aot else labels.get(f"{LABEL_PREFIX}.aot.arch", DEFAULT_CUDA_ARCH)
         modules = [m.as_json() for m in aot.modules] if aot else json.loads(labels.get(f"{LABEL_PREFIX}.aot.modules", "[]"))
-        request = probe_request(expected, patches, launch_argv, kernels, cuda_arch=cuda_arch, aot=modules)
+        request = probe_request(expected, stack, patches, launch_argv, kernels, cuda_arch=cuda_arch, aot=modules)
         facts = run_probe(client, tag, request)
     except DockerException as exc:
         raise VerifyError(f"verifying {tag}: {exc}") from None
     finally:
         client.close()
-    return VerifyReport(tag, judge(facts, expected, patches, arch, tool_cuda=labels.get(f"{LABEL_PREFIX}.toolchain.cuda"),
+    return VerifyReport(tag, judge(facts, expected, stack, patches, arch, tool_cuda=labels.get(f"{LABEL_PREFIX}.toolchain.cuda"),
                                    cuda_arch=cuda_arch, aot=modules))

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Regenerate requirements.lock and pip.lock (every package, exact version, sha256 hashes) from
-# requirements.in, overrides.txt and pip.in. Resolution is frozen at EXCLUDE_NEWER, the day after
-# sglang 0.5.9 reached PyPI, so a re-lock months later resolves the same ecosystem the seeds ran.
+# Regenerate the locks (every package, exact version, sha256 hashes): each stack's
+# (stacks/<name>/requirements.in, and its overrides.txt if it has one), pip.lock from pip.in and the
+# lab's toolchain lock. A stack's resolution is frozen at its stack.yml exclude_newer, so a re-lock
+# months later resolves the same ecosystem; pip's and the lab toolchain's at EXCLUDE_NEWER, the day
+# after sglang 0.5.9 reached PyPI.
 #
 #   src/gpunode/images/sglang/lock.sh            # writes the locks beside this script
 #   CA_BUNDLE=/path/ca.pem src/gpunode/images/sglang/lock.sh   # behind a TLS-intercepting proxy
@@ -26,22 +28,30 @@ if [ ! -x "$TOOLS/bin/uv" ]; then
     "$TOOLS/bin/pip" install --quiet --disable-pip-version-check --index-url "$INDEX" "uv==$UV_VERSION"
 fi
 
-compile() {  # compile PYTHON PLATFORM IN OUT [extra uv args]
+compile() {  # compile PYTHON PLATFORM IN OUT [extra uv args]; IN and OUT relative to the current folder
     python=$1 platform=$2 in=$3 out=$4
     shift 4
     "$TOOLS/bin/uv" pip compile --no-config --quiet --generate-hashes \
         --python-version "$python" --python-platform "$platform" \
-        --index-url "$INDEX" --exclude-newer "$EXCLUDE_NEWER" \
+        --index-url "$INDEX" \
         --custom-compile-command "images/sglang/lock.sh" \
-        ${SSL_CERT_FILE:+--system-certs} "$@" -o "$HERE/$out" "$HERE/$in"
+        ${SSL_CERT_FILE:+--system-certs} "$@" -o "$out" "$in"
 }
 cd "$HERE"
-compile 3.11 x86_64-manylinux_2_36 requirements.in requirements.lock --override overrides.txt
-compile 3.12 x86_64-manylinux_2_39 requirements.in requirements-py312.lock --override overrides.txt
-compile 3.11 x86_64-manylinux_2_36 pip.in pip.lock
+for stack in stacks/*/; do
+    (
+        cd "$stack"
+        date=$(sed -n 's/^exclude_newer: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' stack.yml)
+        set -- --exclude-newer "$date"
+        if [ -f overrides.txt ]; then set -- "$@" --override overrides.txt; fi
+        compile 3.11 x86_64-manylinux_2_36 requirements.in requirements.lock "$@"
+        compile 3.12 x86_64-manylinux_2_39 requirements.in requirements-py312.lock "$@"
+    )
+done
+compile 3.11 x86_64-manylinux_2_36 pip.in pip.lock --exclude-newer "$EXCLUDE_NEWER"
 # The lab's stand-in toolchain (bases.yml, toolchain pypi-cuda-13.0): installed into its own venv
 # by the debootstrap base's Python.
-compile 3.11 x86_64-manylinux_2_36 toolchain-cuda13.0.in toolchain-cuda13.0.lock
-for lock in requirements.lock requirements-py312.lock pip.lock toolchain-cuda13.0.lock; do
+compile 3.11 x86_64-manylinux_2_36 toolchain-cuda13.0.in toolchain-cuda13.0.lock --exclude-newer "$EXCLUDE_NEWER"
+for lock in stacks/*/requirements*.lock pip.lock toolchain-cuda13.0.lock; do
     echo "locked: $(grep -c '^[a-z]' "$HERE/$lock") packages in $lock"
 done
