@@ -33,7 +33,7 @@ BASE_TAG = "gpunode-test/python-base:bookworm-1"
 FAKE_REPO = "gpunode-test/fake-sglang"
 MIRROR = "http://deb.debian.org/debian"
 FAKES = checkout_root() / "tests" / "fakes"  # a checkout: the lab runs from one
-FAKE_FILES = ("sglang_server.py", "sglang_0_5_9_args.json", "bench_serving.py", "shim/sglang/__init__.py",
+FAKE_FILES = ("sglang_server.py", "sglang_0_5_9_args.json", "sglang_0_5_23_args.json", "bench_serving.py", "shim/sglang/__init__.py",
               "shim/sglang/launch_server.py", "shim/sglang/bench_serving.py")
 IN_IMAGE = "/opt/fake-sglang"
 # The tag `gpunode lab up` built, for a gpunode installed from a wheel (no tests/fakes to hash).

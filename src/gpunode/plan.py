@@ -229,6 +229,12 @@ def server_launch(host: Host) -> profiles.Launch:
         # The key itself is read on the node at start; the plan never holds it.
         launch = profiles.Launch(launch.argv + ("--api-key", "<from " + host.server.api_key.describe() + ">"),
                                  launch.env, {**launch.reasons, "--api-key": "required when bound beyond loopback"})
+    if host.image.lab_stand_in:
+        # The stand-in parses the launch with the flags of the stack's sglang (tests/fakes/sglang_server.py).
+        version = host.image.pinned()["sglang"]
+        launch = profiles.Launch(launch.argv, {**launch.env, "FAKE_SGLANG_VERSION": version},
+                                 {**launch.reasons, "FAKE_SGLANG_VERSION": f"lab: the stand-in server takes sglang "
+                                  f"{version}'s flags, as the stack's server would"})
     return launch
 
 

@@ -52,6 +52,22 @@ class JitOnly:
 
 
 @dataclass(frozen=True)
+class VerifyPlan:
+    """What image verify checks for a stack beyond pins, toolchain and the modules built ahead of time."""
+
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # library -> globs under site-packages
+    toolchain_users: Mapping[str, str] = field(default_factory=dict)  # library -> module:function finding CUDA
+    entry_points: tuple[str, ...] = ()  # module:attribute
+    symbols: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # binary under site-packages -> names
+    files: tuple[str, ...] = ()  # under site-packages
+
+    def request(self) -> dict[str, Any]:
+        """The probe's part of it (JSON)."""
+        return {"toolchain_users": dict(self.toolchain_users), "entry_points": list(self.entry_points),
+                "symbols": {path: list(names) for path, names in self.symbols.items()}, "stack_files": list(self.files)}
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     folder: Path
@@ -68,6 +84,7 @@ class Stack:
     arch_overrides: Mapping[str, str] = field(default_factory=dict)  # a GPU's arch -> the one its FlashInfer builds
     flashinfer_modules: tuple[ModuleRule, ...] = ()
     not_prebuilt: tuple[JitOnly, ...] = ()
+    verify: VerifyPlan = VerifyPlan()
 
     def versions(self) -> dict[str, str]:
         """Pin name -> version: what the image's labels record."""
@@ -98,6 +115,16 @@ def _words(text: Any) -> str:
     return " ".join(str(text or "").split())
 
 
+def _verify_plan(raw: dict[str, Any]) -> VerifyPlan:
+    return VerifyPlan(
+        kernels={lib: tuple(globs) for lib, globs in (raw.get("kernels") or {}).items()},
+        toolchain_users=dict(raw.get("toolchain_users") or {}),
+        entry_points=tuple(raw.get("entry_points") or ()),
+        symbols={path: tuple(names) for path, names in (raw.get("symbols") or {}).items()},
+        files=tuple(raw.get("files") or ()),
+    )
+
+
 @cache
 def load(name: str, root: Path | None = None) -> Stack:
     """The stack of that folder (under ``root``, default the package's stacks folder)."""
@@ -123,6 +150,7 @@ def load(name: str, root: Path | None = None) -> Stack:
                                  for flag, values in (m.get("when") or {}).items()})
                 for m in raw.get("flashinfer_modules") or []),
             not_prebuilt=tuple(JitOnly(_words(item["what"]), _words(item["why"])) for item in raw.get("not_prebuilt") or []),
+            verify=_verify_plan(raw.get("verify") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StackError(f"{path} is malformed: {type(exc).__name__} {exc}") from None

@@ -2,9 +2,12 @@
 """A stand-in for SGLang 0.5.9's HTTP server and its startup, for tests. Standard library only: it
 runs both as a local subprocess and inside the bare Debian test image (src/gpunode/labimage.py).
 
-It takes the real launch command line, parsed by sglang 0.5.9's own flags and choices kept as data
-(sglang_0_5_9_args.json: an unknown flag or a bad value exits 2 with argparse's words, as the real
-one does), and reproduces, as read from the sglang 0.5.9 wheel's source:
+It takes the real launch command line, parsed by the own flags and choices of the sglang release
+it stands in for, kept as data (sglang_<version>_args.json, dumped from the real parser:
+FAKE_SGLANG_VERSION picks 0.5.9, the default, or 0.5.23; an unknown flag or a bad value exits 2
+with argparse's words, as the real one does), and reproduces, as read from the sglang 0.5.9
+wheel's source (0.5.23 answers /get_server_info with its own version; its other texts are taken
+as 0.5.9's):
 
 * the startup sequence and its log lines (srt/model_executor/model_runner.py,
   model_runner_kv_cache_mixin.py, managers/scheduler.py, entrypoints/engine.py, http_server.py):
@@ -111,13 +114,14 @@ def read_config_file(path: str) -> list[str]:
     return argv
 
 
-ARGS_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_0_5_9_args.json")
+VERSION = os.environ.get("FAKE_SGLANG_VERSION", "0.5.9")
+ARGS_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"sglang_{VERSION.replace('.', '_')}_args.json")
 VALUE_TYPES = {"int": int, "float": float}  # the rest (str, json, json_list_type, nullable_str) take text
-DEFAULTS = {"host": "127.0.0.1", "port": 30000, "tensor_parallel_size": 1}  # server_args.py ServerArgs defaults
+DEFAULTS = {"host": "127.0.0.1", "port": 30000}  # server_args.py ServerArgs defaults (tp_size 1, below)
 
 
 def real_parser() -> argparse.ArgumentParser:
-    """sglang 0.5.9's own parser, rebuilt from the data dumped from it (sglang_0_5_9_args.json): every
+    """sglang's own parser, rebuilt from the data dumped from it (sglang_<version>_args.json): every
     flag, its arity, number type and choices, so a misspelt flag or a bad value exits 2 with argparse's
     own words, as prepare_server_args (server_args.py:5579-5592) does."""
     with open(ARGS_DATA, encoding="utf-8") as handle:
@@ -146,7 +150,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.tp_size = args.tensor_parallel_size  # ServerArgs' field; the parser's dest is the long name
+    # ServerArgs' tp_size: 0.5.9's parser dest is the long name, 0.5.23's the field's own.
+    args.tp_size = getattr(args, "tensor_parallel_size", None) or getattr(args, "tp_size", None) or 1
     args.served_model_name = args.served_model_name or args.model_path
     args.tokenizer_path = args.tokenizer_path or args.model_path
     return args
@@ -537,7 +542,7 @@ class Handler(BaseHTTPRequestHandler):
                          "port": args.port, "tp_size": args.tp_size, "api_key": args.api_key,
                          "served_model_name": args.served_model_name,
                          "max_running_requests": args.max_running_requests, "internal_states": [{}],
-                         "version": "0.5.9"})
+                         "version": VERSION})
 
     def _chat(self, body: dict[str, Any]) -> None:
         # serving_chat.py _validate_request

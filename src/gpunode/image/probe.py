@@ -1,7 +1,8 @@
 """Runs INSIDE the server image (``python3 -c``): gathers facts, judges nothing, prints one JSON object.
 
 Standard library only, plus the image's own packages. Input: one JSON argument
-``{"distributions": [...], "files": [...], "kernels": {lib: [glob, ...]}, "server_argv": [...]}``.
+``{"distributions": [...], "files": [...], "kernels": {lib: [glob, ...]}, "server_argv": [...],
+"toolchain_users": {lib: "module:function"}, "entry_points": [...], "symbols": {...}, "stack_files": [...]}``.
 Everything that fails is reported as text, never raised: verify decides what a fact means.
 """
 
@@ -243,6 +244,52 @@ def aot_facts(cuobjdump: str | None, modules: list[dict[str, Any]], cuda_arch: s
     return facts
 
 
+def toolchain_user_facts(users: dict[str, str]) -> dict[str, Any]:
+    """Each library's own lookup of the CUDA toolchain (a CUDA home, or nvcc itself), and the nvcc
+    it leads to with its version."""
+    facts: dict[str, Any] = {}
+    for library, spec in users.items():
+        module, function = spec.split(":")
+        try:
+            found = str(getattr(importlib.import_module(module), function)())
+        except Exception as exc:  # noqa: BLE001 - a lookup that fails is the fact
+            facts[library] = {"error": error_text(exc)}
+            continue
+        nvcc = os.path.join(found, "bin", "nvcc") if os.path.isdir(found) else found
+        fact: dict[str, Any] = {"found": found, "nvcc": nvcc, "version": None}
+        if os.access(nvcc, os.X_OK):
+            result = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+            fact["version"] = (result.stdout + result.stderr).strip()
+        facts[library] = fact
+    return facts
+
+
+def entry_point_facts(names: list[str]) -> dict[str, str | None]:
+    """``module:attribute`` -> None when present, else why not."""
+    facts: dict[str, str | None] = {}
+    for name in names:
+        module, attribute = name.split(":")
+        try:
+            facts[name] = None if callable(getattr(importlib.import_module(module), attribute, None)) else "absent"
+        except Exception as exc:  # noqa: BLE001
+            facts[name] = error_text(exc)
+    return facts
+
+
+def symbol_facts(symbols: dict[str, list[str]]) -> dict[str, Any]:
+    """For each binary under site-packages, which of the names its bytes hold (mangled names contain them)."""
+    facts: dict[str, Any] = {}
+    for rel, names in symbols.items():
+        try:
+            with open(os.path.join(SITE, rel), "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            facts[rel] = {"error": error_text(exc)}
+            continue
+        facts[rel] = {"present": [n for n in names if n.encode() in data], "missing": [n for n in names if n.encode() not in data]}
+    return facts
+
+
 def main(request: dict[str, Any]) -> dict[str, Any]:
     tools = tool_facts(request.get("tools", ["nvcc", "ptxas", "cuobjdump"]))
     cuobjdump = tools.get("cuobjdump", {}).get("path")
@@ -258,6 +305,10 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
         "kernels": kernel_facts(cuobjdump, request.get("kernels", {})),
         "server_argv": parse_server_argv(request.get("server_argv", [])),
         "model": model_support(),
+        "toolchain_users": toolchain_user_facts(request.get("toolchain_users", {})),
+        "entry_points": entry_point_facts(request.get("entry_points", [])),
+        "symbols": symbol_facts(request.get("symbols", {})),
+        "stack_files": {rel: os.path.isfile(os.path.join(SITE, rel)) for rel in request.get("stack_files", [])},
     }
 
 

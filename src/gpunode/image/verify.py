@@ -27,13 +27,6 @@ PROBE_TIMEOUT_S = 1200  # cuobjdump over torch's ~1 GB of CUDA libraries takes a
 TARGET_ARCH = "sm_120"
 DEFAULT_CUDA_ARCH = GPU_ARCHS["RTX PRO 6000 Blackwell"].cuda_arch  # the mission's GPUs, when the image records none
 DEFAULT_DEVEL_BASE = stacks.load(stacks.DEFAULT).base  # the seeds' stack's base: CUDA 12.8's devel image
-# Binaries with device code, per library, as globs under site-packages.
-# flashinfer-python itself is JIT-only; its precompiled kernels come in flashinfer-cubin.
-KERNEL_GLOBS: dict[str, list[str]] = {
-    "torch": ["torch/lib/*.so*"],
-    "sgl_kernel": ["sgl_kernel/**/*.so"],
-    "flashinfer": ["flashinfer/**/*.so", "flashinfer_cubin/**/*.cubin", "flashinfer_cubin/**/*.so"],
-}
 LISTED_FILES = 4  # files lacking the target named in a detail; the rest are counted
 
 
@@ -227,6 +220,44 @@ def aot_findings(facts: dict[str, Any], expected: list[dict[str, Any]], cuda_arc
     return findings
 
 
+def toolchain_user_findings(facts: dict[str, Any], users: Mapping[str, str], cuda: str) -> list[Finding]:
+    """Each library that compiles at run time finds the image's nvcc, of the toolchain's CUDA, its own way."""
+    findings = []
+    for library, spec in users.items():
+        fact = facts.get(library, {})
+        name = f"nvcc found by {library}"
+        if "error" in fact or not fact:
+            findings.append(Finding(name, False, f"{spec}: {fact.get('error', 'not probed')}"))
+            continue
+        release = _RELEASE.search(fact.get("version") or "")
+        if not release:
+            findings.append(Finding(name, False, f"{spec} -> {fact.get('found')}: no runnable nvcc at {fact.get('nvcc')}"))
+            continue
+        findings.append(Finding(name, version_matches(cuda, release[2]),
+                                f"{spec} -> {fact['nvcc']}: CUDA {release[2]}, pinned {cuda}"))
+    return findings
+
+
+def stack_part_findings(facts: dict[str, Any], plan: stacks.VerifyPlan) -> list[Finding]:
+    """The stack's entry points, kernel symbols and JIT sources, each present."""
+    findings = []
+    for entry in plan.entry_points:
+        why = facts.get("entry_points", {}).get(entry, "not probed")
+        findings.append(Finding(f"entry point {entry}", why is None, "present" if why is None else why))
+    for binary in plan.symbols:
+        fact = facts.get("symbols", {}).get(binary, {"error": "not probed"})
+        if "error" in fact:
+            findings.append(Finding(f"symbols {binary}", False, fact["error"]))
+        else:
+            findings.append(Finding(f"symbols {binary}", not fact["missing"],
+                                    f"holds {', '.join(fact['present']) or 'none'}"
+                                    + (f"; lacks {', '.join(fact['missing'])}" if fact["missing"] else "")))
+    for path in plan.files:
+        present = bool(facts.get("stack_files", {}).get(path))
+        findings.append(Finding(f"file {path}", present, "present" if present else "missing"))
+    return findings
+
+
 def judge(facts: dict[str, Any], pins: Mapping[str, str], stack: stacks.Stack, patches: list[Patch], target: str, *,
           tool_cuda: str | None = None, cuda_arch: str = "", aot: list[dict[str, Any]] | None = None) -> list[Finding]:
     """All findings, in a fixed order, from the probe's facts. ``tool_cuda``: the CUDA release of
@@ -239,11 +270,14 @@ def judge(facts: dict[str, Any], pins: Mapping[str, str], stack: stacks.Stack, p
                                  "Triton and FlashInfer assemble PTX with it"))
     if cuda_arch:
         findings.append(nvcc_compile_finding(facts.get("nvcc_compile", {}), cuda_arch))
+    findings.extend(toolchain_user_findings(facts.get("toolchain_users", {}), stack.verify.toolchain_users,
+                                            tool_cuda or pins["cuda"]))
     findings.extend(aot_findings(facts.get("aot", {}), aot or [], cuda_arch, bool(tools.get("nvcc", {}).get("path"))))
     findings.extend(patch_finding(patch, facts.get("files", {})) for patch in patches)
     findings.extend(kernels_finding(lib, lib_facts, target) for lib, lib_facts in facts.get("kernels", {}).items())
     findings.append(argv_finding(facts.get("server_argv", {})))
     findings.append(model_finding(facts.get("model", {})))
+    findings.extend(stack_part_findings(facts, stack.verify))
     return findings
 
 
@@ -282,8 +316,9 @@ def probe_request(pins: Mapping[str, str], stack: stacks.Stack, patches: list[Pa
         "distributions": sorted(expected_versions(pins, stack)),
         "tools": ["nvcc", "ptxas", "cuobjdump"],
         "files": sorted({target for patch in patches for target in patch.added_blocks}),
-        "kernels": KERNEL_GLOBS if kernels else {},
+        "kernels": {lib: list(globs) for lib, globs in stack.verify.kernels.items()} if kernels else {},
         "server_argv": server_args_after_module(launch_argv),
+        **stack.verify.request(),
     }
 
 
