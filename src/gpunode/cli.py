@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from gpunode.hostfile import Host, HostFile
 
 AB_PRESETS_HELP = ("attention (--attention-backend flashinfer,triton)",
-                   "moe (--moe-runner-backend flashinfer_cutlass,flashinfer_cutedsl)")
+                   "moe (--moe-runner-backend flashinfer_cutlass,flashinfer_cutedsl)",
+                   "stacks (image.stack sglang-0.5.9-cu128,sglang-0.5.23-cu130)")
 EXIT_CODES_HELP = "Exit codes: 0 done, 1 a stage failed, 2 bad input, 3 host unreachable, 4 environment problem, 130 interrupted."
 
 app = typer.Typer(

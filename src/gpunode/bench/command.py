@@ -49,8 +49,11 @@ RESERVED_FLAGS = ("--host", "--port", "--api-key")  # the restart's URL and key 
 # Ready A/B pairs (gpunode bench --ab attention). attention: FlashInfer's MLA is what runs attention on
 # SM120 with 0.5.9 (FIELD-NOTES s8), Triton's MLA the alternative that also runs there; moe: the
 # seeds' comparison (seed 001: 1603 vs 797 output tok/s at concurrency 1024).
+# stacks: the seeds' proven stack against the current one, each with its own image and profile.
+STACK_KEY = "image.stack"  # the one host-file key --ab varies besides server flags
 AB_PRESETS = {"attention": "--attention-backend=flashinfer,triton",
-              "moe": "--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl"}
+              "moe": "--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl",
+              "stacks": f"{STACK_KEY}=sglang-0.5.9-cu128,sglang-0.5.23-cu130"}
 
 FlagValue = str | int | float | bool | None
 Restart = Callable[[dict[str, FlagValue]], str]
@@ -64,13 +67,20 @@ class AbSpec:
 
 def parse_ab(text: str) -> AbSpec:
     """``KEY=V1,V2[,...]``: ``--moe-runner-backend=flashinfer_cutlass,flashinfer_cutedsl``; the
-    leading ``--`` may be left out. At least two distinct values."""
+    leading ``--`` may be left out. At least two distinct values. ``image.stack=A,B`` varies the
+    stack instead: each value restarts the server from that stack's image with its profile."""
     key, sep, rest = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ValueError(f"--ab must be KEY=V1,V2, got {text!r}")
-    flag = key if key.startswith("--") else f"--{key}"
-    if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
+    if key == STACK_KEY:
+        from gpunode import stacks
+
+        unknown = [value.strip() for value in rest.split(",") if value.strip() not in stacks.available()]
+        if unknown:
+            raise ValueError(f"--ab {STACK_KEY}: unknown stack {', '.join(unknown)} (known: {', '.join(stacks.available())})")
+    flag = key if key.startswith("--") or key == STACK_KEY else f"--{key}"
+    if flag != STACK_KEY and not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
         raise ValueError(f"--ab: {key!r} is not a long server flag like --moe-runner-backend")
     if flag in RESERVED_FLAGS:
         raise ValueError(f"--ab: {flag} cannot be varied (the host file's server settings own it)")

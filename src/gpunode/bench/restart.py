@@ -2,7 +2,8 @@
 the host file's ``server.flags`` overridden.
 
 ``serve_restart(host, image_tag, docker_url, console)`` returns a callable that copies the host
-with ``server.flags`` updated by the overrides (``{}`` gives the host file's own flags back), runs
+with ``server.flags`` updated by the overrides (``{}`` gives the host file's own flags back; an
+``image.stack`` override starts that stack's image with its profile), runs
 ``gpunode.serve.command.run_serve`` on it (``docker_run.ensure_server`` replaces the container when
 its settings changed, then the readiness wait shows the startup phases), and returns the server's
 URL as seen from the node. A server that does not become ready raises ``RestartFailed`` with the
@@ -24,10 +25,20 @@ class RestartFailed(RuntimeError):
     """The server did not come back ready with the overridden flags."""
 
 
+STACK_KEY = "image.stack"
+
+
 def overridden(host: Any, overrides: Mapping[str, FlagValue]) -> Any:
-    """A copy of ``host`` whose server.flags carry ``overrides`` on top of the host file's own."""
-    flags = {**host.server.flags, **overrides}
-    return host.model_copy(update={"server": host.server.model_copy(update={"flags": flags})})
+    """A copy of ``host`` whose server.flags carry ``overrides`` on top of the host file's own; an
+    ``image.stack`` override swaps the stack, and the profile with it to that stack's own (the copy
+    is validated again: that stack's driver minimum and the host file's flags must still fit)."""
+    flags = {**host.server.flags, **{k: v for k, v in overrides.items() if k != STACK_KEY}}
+    if STACK_KEY not in overrides:
+        return host.model_copy(update={"server": host.server.model_copy(update={"flags": flags})})
+    data = host.model_dump()
+    data["image"]["stack"] = overrides[STACK_KEY]
+    data["server"].update(flags=flags, profile=None)
+    return type(host).model_validate(data)
 
 
 def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: Any,
@@ -40,7 +51,12 @@ def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: An
 
     def restart(overrides: dict[str, FlagValue]) -> str:
         target = overridden(host, overrides)
-        outcome = serve_command.run_serve(target, image_tag, docker_url, console, wait_s, **serve_settings)
+        tag = image_tag
+        if STACK_KEY in overrides:
+            from gpunode.plan import server_image
+
+            tag = server_image(target)  # that stack's image, built and shipped by its provision
+        outcome = serve_command.run_serve(target, tag, docker_url, console, wait_s, **serve_settings)
         if outcome.exit_code != serve_command.EXIT_OK:
             why = outcome.diagnosis.title if outcome.diagnosis else "; ".join(outcome.messages) or "not ready"
             raise RestartFailed(f"the server with {dict(overrides) or 'the host file flags'} did not become ready "
