@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""Time FlashInfer's ahead-of-time build here, and project the full module list per core count (issue 18).
+"""Time FlashInfer's ahead-of-time build here, per stack, and project the full module list per core count.
 
-Measured: the lab's toolchain variant of the image (CUDA 13.0 from PyPI; built first if missing,
-as in tests/image/test_image_aot.py) runs the image build's own step (flashinfer_aot.py) for the
-small module of the profile (batch MLA, 3 sources) in a throwaway container, with its wall time and
-the compilers' CPU time. FlashInfer's generators, in the image, give each module's source count.
+Measured, in a lab image of the stack (built first if missing, as the image tests do): the image
+build's own step (flashinfer_aot.py) for each small module of the stack's profile (up to
+FULL_BUILD_SOURCES sources), in a throwaway container, wall time and the compilers' CPU time; for
+the large ones, one source of each class compiled with FlashInfer's own ninja file, weighted by the
+class sizes (the C++ host sources are left out: small). FlashInfer's generators in the image give
+each module's source count.
 
-Projected, and said to be a projection: every module of the profile's list (and of the cutlass FP4
-GEMM variant), per core count. A module's sources compile in parallel (ninja, MAX_JOBS = cores) and
-the modules one after another (one build step each), so a module's wall time is its CPU time over
-min(cores, sources), and never less than its slowest source. CPU time per source: the measured one for the attention and quantization
-modules; for fused_moe_120 (89 sources) one source of each class compiled here with its own ninja
-file, weighted by the class sizes (its 6 C++ sources are left out: host code, small); for fp4_gemm_cutlass_sm120 a measurement of it for 12.0a here (FIELD-NOTES s8:
-128 s on 2 cores, 3 sources). Real builds differ by compiler (12.8 vs 13.0) and source; the projection says
-how long to plan for, not what a build will take.
+    seeds' stack (sglang-0.5.9-cu128): the lab's toolchain variant (CUDA 13.0 from PyPI, a stand-in
+      for CUDA 12.8); fp4_gemm_cutlass_sm120 from FIELD-NOTES s8's reading (128 s on 2 cores, 3 sources)
+    current stack (sglang-0.5.23-cu130): its own toolchain (torch's CUDA 13.0.3 wheels)
 
-    python benchmarks/aot_build.py            # JSON on stdout
+Projected, and said to be a projection: every module of the profile's list, per core count. A
+module's sources compile in parallel (ninja, MAX_JOBS = cores) and the modules one after another
+(one build step each), so a module's wall time is its CPU time over min(cores, sources), and never
+less than its slowest source. The projection says how long to plan for, not what a build will take.
+
+    python benchmarks/aot_build.py [--stack sglang-0.5.23-cu130]     # JSON on stdout
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpunode import plan, profiles  # noqa: E402
+from gpunode import plan, profiles, stacks  # noqa: E402
 from gpunode.hostfile import load  # noqa: E402
 from gpunode.image import build  # noqa: E402
 from gpunode.image.aot import modules_json, profile_modules  # noqa: E402
+from gpunode.image.context import AOT_BUILDER, AOT_SCRIPT, images_dir  # noqa: E402
 
 SMALL = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False"
 CUTLASS_CPU_S_PER_SOURCE = 128.0 * 2 / 3  # FIELD-NOTES s8: fp4_gemm_cutlass_sm120, 12.0a, 128 s wall on 2 cores, 3 sources
-# fused_moe_120's CUDA sources by class (first match wins); one of each is compiled here.
-MOE_CLASSES = {"sm120 instantiations": "sm120", "moe gemm templates": "^moe_gemm_kernels_",
-               "sm80/sm90 instantiations": "_sm(80|90)_", "the rest": ""}
+FULL_BUILD_SOURCES = 13  # modules up to this many sources are built whole; larger ones sampled by class
+# A large module's CUDA sources by class (first match wins); one of each is compiled here.
+CLASSES = {"fused_moe_120": {"sm120 instantiations": "sm120", "moe gemm templates": "^moe_gemm_kernels_",
+                             "sm80/sm90 instantiations": "_sm(80|90)_", "the rest": ""},
+           "fp4_gemm_cutlass_sm120": {"tile instantiations": "fp4_gemm_cutlass_", "the rest": ""}}
 CORES = (2, 8, 16, 32, 64, 128)
 
 # Runs in the image: the build step for the modules given, timed, then each module's source count.
@@ -101,9 +106,16 @@ def marked(output: bytes, mark: str) -> dict:  # type: ignore[type-arg]
     return json.loads(line[len(mark):])  # type: ignore[no-any-return]
 
 
-def lab_variant() -> object:
+def lab_host(stack: str) -> object:
+    """The lab host file on ``stack``: the seeds' with the lab's stand-in toolchain and its small
+    module, the current stack with its own toolchain and no module (each is timed on its own here)."""
     data = yaml.safe_load((ROOT / "inventory" / "lab" / "host.yml").read_text())
-    data["hosts"][0]["image"].update(toolchain="pypi-cuda-13.0", flashinfer_aot=[SMALL])
+    image = data["hosts"][0]["image"]
+    if stack == stacks.DEFAULT:
+        image.update(toolchain="pypi-cuda-13.0", flashinfer_aot=[SMALL])
+    else:
+        image.update(stack=stack, flashinfer_aot="none")
+        image.pop("base", None)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "host.yml"
         path.write_text(yaml.safe_dump(data))
@@ -111,49 +123,51 @@ def lab_variant() -> object:
 
 
 def main() -> int:
-    host = lab_variant()
-    client = docker.from_env(timeout=3600)
+    stack_name = sys.argv[sys.argv.index("--stack") + 1] if "--stack" in sys.argv else stacks.DEFAULT
+    host = lab_host(stack_name)
+    stack = stacks.load(stack_name)
+    profile = profiles.load(stack.profile)
+    client = docker.from_env(timeout=7200)
     built = build(host.image, None, Console(stderr=True), aot=plan.aot_plan(host))  # type: ignore[attr-defined]
-    env = {"FLASHINFER_CUDA_ARCH_LIST": "12.0a", "FLASHINFER_WORKSPACE_BASE": "/tmp/fi", "MAX_JOBS": str(os.cpu_count())}
-    small = [m for m in plan.aot_plan(host).wanted if m.name == SMALL]  # type: ignore[attr-defined]
-    measured = marked(client.containers.run(built.tag, ["python3", "-c", TIMED, modules_json(small)], remove=True,
-                                            network_disabled=True, environment=env), "GPUNODE-AOT ")
-    full = profile_modules(profiles.load("glm5-nvfp4-sm120"), {"--fp4-gemm-backend": "flashinfer_cutlass"})
-    sources = marked(client.containers.run(built.tag, ["python3", "-c", SOURCES, modules_json(full)], remove=True,
-                                           network_disabled=True, environment=env), "GPUNODE-SOURCES ")
-    per_source = measured["cpu_s"] / sources[SMALL]
-    moe = next(m for m in full if m.name == "fused_moe_120")
-    sample = marked(client.containers.run(built.tag, ["python3", "-c", SAMPLE, json.dumps(moe.as_json()),
-                                                      json.dumps(MOE_CLASSES)], remove=True, network_disabled=True,
-                                          environment=env), "GPUNODE-SAMPLE ")
-    moe_cpu = sum(c["count"] * c["cpu_s"] for c in sample.values())
-    moe_sources = sum(c["count"] for c in sample.values())
-    rates = {"fused_moe_120": moe_cpu / moe_sources, "fp4_gemm_cutlass_sm120": CUTLASS_CPU_S_PER_SOURCE}
-    # A module is never faster than its slowest source, whatever the core count.
-    longest = {"fused_moe_120": max(c["cpu_s"] for c in sample.values()), "fp4_gemm_cutlass_sm120": CUTLASS_CPU_S_PER_SOURCE}
+    arch = plan.aot_plan(host).arch.cuda_arch  # type: ignore[attr-defined]
+    env = {"FLASHINFER_CUDA_ARCH_LIST": arch, "FLASHINFER_WORKSPACE_BASE": "/tmp/fi", "MAX_JOBS": str(os.cpu_count())}
+
+    def run(script: str, *args: str, mark: str) -> dict:  # type: ignore[type-arg]
+        # The image's own builder, mounted: an image built without modules does not carry it.
+        builder = {str(images_dir() / AOT_SCRIPT): {"bind": AOT_BUILDER, "mode": "ro"}}
+        return marked(client.containers.run(built.tag, ["python3", "-c", script, *args], remove=True,
+                                            network_disabled=True, environment=env, volumes=builder), mark)
+
+    overrides = {"--fp4-gemm-backend": "flashinfer_cutlass"} if stack_name == stacks.DEFAULT else {}
+    full = profile_modules(stack, profile, overrides)
+    sources = run(SOURCES, modules_json(full), mark="GPUNODE-SOURCES ")
+    measured: dict[str, dict] = {}  # type: ignore[type-arg]
     modules = []
     for module in full:
-        rate = rates.get(module.name, per_source)
-        cpu = rate * sources[module.name]
-        floor = longest.get(module.name, per_source)
-        modules.append({"name": module.name, "group": module.group, "sources": sources[module.name],
-                        "cpu_s": round(cpu), "wall_s_by_cores": {c: round(max(cpu / min(c, sources[module.name]), floor))
-                                                                 for c in CORES}})
-    seeds = {m.name for m in profile_modules(profiles.load("glm5-nvfp4-sm120"), {})}
+        count = sources[module.name]
+        if module.name == "fp4_gemm_cutlass_sm120" and stack_name == stacks.DEFAULT:
+            cpu, floor, how = CUTLASS_CPU_S_PER_SOURCE * count, CUTLASS_CPU_S_PER_SOURCE, "FIELD-NOTES s8"
+        elif count <= FULL_BUILD_SOURCES or module.name not in CLASSES:
+            timed = run(TIMED, modules_json([module]), mark="GPUNODE-AOT ")
+            measured[module.name] = {"sources": count, "wall_s": round(timed["wall_s"], 1), "cpu_s": round(timed["cpu_s"], 1)}
+            cpu, floor, how = timed["cpu_s"], timed["cpu_s"] / count, "built whole here"
+        else:
+            sample = run(SAMPLE, json.dumps(module.as_json()), json.dumps(CLASSES[module.name]), mark="GPUNODE-SAMPLE ")
+            measured[module.name] = {"sources": count, "sample_by_class": sample}
+            cpu = sum(c["count"] * c["cpu_s"] for c in sample.values())  # the CUDA sources; host C++ is small
+            floor, how = max(c["cpu_s"] for c in sample.values()), "one source per class compiled here"
+        modules.append({"name": module.name, "group": module.group, "sources": count, "cpu_s": round(cpu), "from": how,
+                        "wall_s_by_cores": {c: round(max(cpu / min(c, count), floor)) for c in CORES}})
+    profile_set = {m.name for m in profile_modules(stack, profile, {})}
     report = {
-        "measured": {"module": SMALL, "sources": sources[SMALL], "cores_here": os.cpu_count(),
-                     "wall_s": round(measured["wall_s"], 1), "cpu_s": round(measured["cpu_s"], 1),
-                     "toolchain": "CUDA 13.0 from PyPI (the lab's stand-in)", "image": built.tag,
-                     "fused_moe_120_sample_by_class": sample},
+        "stack": stack_name, "arch": arch, "cores_here": os.cpu_count(), "image": built.tag,
+        "measured": measured,
         "projection": {
-            "note": "PROJECTION, not a measurement: CPU time per source from the measured module (attention, "
-                    "quantization), from a sample of fused_moe_120's sources compiled here, and from FIELD-NOTES "
-                    "s8's fp4_gemm_cutlass_sm120 reading; modules build one after another, sources in parallel",
+            "note": "PROJECTION, not a measurement: modules build one after another, each one's sources in "
+                    "parallel; CPU time per source from the modules built whole here and from the sampled classes",
             "modules": modules,
-            "seeds_profile_wall_s_by_cores": {c: sum(m["wall_s_by_cores"][c] for m in modules if m["name"] in seeds)
-                                              for c in CORES},
-            "cutlass_fp4_gemm_profile_wall_s_by_cores": {c: sum(m["wall_s_by_cores"][c] for m in modules)
-                                                         for c in CORES},
+            "profile_wall_s_by_cores": {c: sum(m["wall_s_by_cores"][c] for m in modules if m["name"] in profile_set)
+                                        for c in CORES},
         },
     }
     print(json.dumps(report, indent=2))

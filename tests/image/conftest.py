@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound
 from rich.console import Console
 
-from gpunode.hostfile import Image
+import yaml
+
+from gpunode import plan
+from gpunode.hostfile import Host, Image, load
 from gpunode.image import BuildResult, build
 
 # This machine's proxy intercepts TLS: the host's bundle holds its CA (README of images/sglang).
@@ -45,6 +48,44 @@ def built(engine: docker.DockerClient, image_spec: Image) -> BuildResult:
     """The real image, built once per session (minutes cold; the tag exists afterwards, so later
     sessions skip it). The image is kept: it is the cache the next run and the node stage use."""
     return build(image_spec, None, Console(stderr=True, force_terminal=False, width=160))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+CURRENT = "sglang-0.5.23-cu130"
+# What CI builds of the current stack's FlashInfer modules: the two that build in ~2 min here.
+# fp4_gemm_cutlass_sm120 (~10 min) and fused_moe_120 (~45 min on 2 cores) build the same way
+# (benchmarks/aot_build.py --stack sglang-0.5.23-cu130 times them); sampling is left to the JIT.
+CURRENT_CI_MODULES = ["sparse_mla_sm120", "fp4_quantization_120f"]
+
+
+def lab_host(tmp: Path, **image: object) -> Host:
+    """The lab host file with image settings changed, loaded (and validated) like any host file;
+    a stack other than the seeds' brings its own base."""
+    data = yaml.safe_load((ROOT / "inventory" / "lab" / "host.yml").read_text())
+    data["hosts"][0]["image"].update(image)
+    if image.get("stack"):
+        data["hosts"][0]["image"].pop("base", None)
+    path = tmp / "host.yml"
+    path.write_text(yaml.safe_dump(data))
+    return load(path).hosts[0]
+
+
+@pytest.fixture(scope="session")
+def make_lab_host() -> Callable[..., Host]:
+    return lab_host
+
+
+@pytest.fixture(scope="session")
+def current_host(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return lab_host(tmp_path_factory.mktemp("current"), stack=CURRENT, flashinfer_aot=CURRENT_CI_MODULES)
+
+
+@pytest.fixture(scope="session")
+def current_built(engine: docker.DockerClient, current_host: Host) -> BuildResult:
+    """The current stack's image as the lab host file asks for it, with CI's modules: built once (the
+    ~11 GB install layer is minutes cold), kept as the next run's cache."""
+    return build(current_host.image, None, Console(stderr=True, force_terminal=False, width=160),
+                 aot=plan.aot_plan(current_host))
 
 
 def parent_chain(client: docker.DockerClient, image_id: str) -> list[str]:

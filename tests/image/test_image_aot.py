@@ -10,11 +10,11 @@ the cheapest of the list (batch MLA, 3 sources, ~15 s here); the others build th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
 import pytest
-import yaml
 from rich.console import Console
 
 from gpunode import plan, profiles, stacks
@@ -30,18 +30,9 @@ QUIET = Console(stderr=True, force_terminal=False, width=160)
 MLA = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False"
 
 
-def lab_host(tmp: Path, **image: object) -> Host:
-    """The lab host file with image settings changed, loaded (and validated) like any host file."""
-    data = yaml.safe_load((ROOT / "inventory" / "lab" / "host.yml").read_text())
-    data["hosts"][0]["image"].update(image)
-    path = tmp / "host.yml"
-    path.write_text(yaml.safe_dump(data))
-    return load(path).hosts[0]
-
-
 @pytest.fixture(scope="module")
-def aot_host(tmp_path_factory: pytest.TempPathFactory) -> Host:
-    return lab_host(tmp_path_factory.mktemp("aot"), toolchain="pypi-cuda-13.0", flashinfer_aot=[MLA])
+def aot_host(tmp_path_factory: pytest.TempPathFactory, make_lab_host: Callable[..., Host]) -> Host:
+    return make_lab_host(tmp_path_factory.mktemp("aot"), toolchain="pypi-cuda-13.0", flashinfer_aot=[MLA])
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +91,11 @@ def test_verify_by_tag_alone_reads_the_modules_from_the_labels(aot_built: BuildR
     assert report.ok
 
 
-def test_a_module_missing_from_the_aot_directory_fails_verify(aot_built: BuildResult, tmp_path: Path) -> None:
+def test_a_module_missing_from_the_aot_directory_fails_verify(aot_built: BuildResult, tmp_path: Path,
+                                                              make_lab_host: Callable[..., Host]) -> None:
     """Asked for a module it was not built with, verify says it is not in FlashInfer's AOT directory
     (a launch with JIT disabled would fail there)."""
-    other = lab_host(tmp_path, toolchain="pypi-cuda-13.0", flashinfer_aot=["fp4_quantization_120"])
+    other = make_lab_host(tmp_path, toolchain="pypi-cuda-13.0", flashinfer_aot=["fp4_quantization_120"])
     report = verify(aot_built.tag, list(plan.server_launch(other).argv), None, aot=plan.aot_plan(other), kernels=False)
     missing = next(f for f in report.findings if f.name == "flashinfer aot fp4_quantization_120")
     assert not missing.ok and "not in FlashInfer's AOT directory" in missing.detail

@@ -1,5 +1,5 @@
-"""The stand-in's flags are sglang 0.5.9's: the data it parses with equals the real parser's, dumped
-in the built image, and a misspelt flag fails the same way in both."""
+"""The stand-in's flags are sglang's: the data it parses with (0.5.9's and 0.5.23's) equals the real
+parser's, dumped in each stack's built image, and a misspelt flag fails the same way in both."""
 
 from __future__ import annotations
 
@@ -18,11 +18,15 @@ pytestmark = pytest.mark.image
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 
-def test_the_stand_ins_flag_data_is_the_real_parsers(built: BuildResult, engine: docker.DockerClient) -> None:
-    dumped = engine.containers.run(built.tag, ["python3", "-c", (FAKES / "dump_sglang_args.py").read_text()],
+@pytest.mark.parametrize(("image", "data"), [("built", "sglang_0_5_9_args.json"),
+                                            ("current_built", "sglang_0_5_23_args.json")])
+def test_the_stand_ins_flag_data_is_the_real_parsers(image: str, data: str, engine: docker.DockerClient,
+                                                      request: pytest.FixtureRequest) -> None:
+    tag = request.getfixturevalue(image).tag
+    dumped = engine.containers.run(tag, ["python3", "-c", (FAKES / "dump_sglang_args.py").read_text()],
                                    remove=True, network_disabled=True, stderr=False)
     real = json.loads(dumped)
-    shipped = json.loads((FAKES / "sglang_0_5_9_args.json").read_text())
+    shipped = json.loads((FAKES / data).read_text())
     assert len(real["actions"]) > 300
     assert shipped == real
 
