@@ -170,8 +170,8 @@ def test_image_layer_pin_checks_read_the_built_image(built: BuildResult, image_s
 
     here = testinfra.get_host("local://")
     hostvars = {"gpunode_server_image": built.tag, "gpunode_image_stand_in": None,
-                "gpunode_image_pins": image_spec.pins.model_dump()}
-    for pin in image_spec.pins.model_dump():
+                "gpunode_image_pins": image_spec.pinned()}
+    for pin in image_spec.pinned():
         image_layer.test_image_pin_matches(pin, here, hostvars)
     other = {**hostvars, "gpunode_image_pins": {**hostvars["gpunode_image_pins"], "sglang": "0.5.10"}}
     with pytest.raises(AssertionError, match=r"the image has sglang 0\.5\.9, the host file pins 0\.5\.10"):

@@ -11,7 +11,7 @@ import yaml
 from gpunode import plan, profiles, stacks
 from gpunode.bench.command import AB_PRESETS, parse_ab
 from gpunode.bench.restart import overridden
-from gpunode.hostfile import HostFileError, load
+from gpunode.hostfile import HostFileError, ImagePins, load
 from gpunode.image import aot
 from gpunode.image.context import collect_inputs, lock_pin_mismatches, lock_versions
 
@@ -49,6 +49,9 @@ def test_each_stack_names_its_profile_and_its_locks_hold_its_pins(name: str) -> 
     pinned = {line.split("==")[0].split("[")[0]: line.split("==")[1]
               for line in (stack.folder / "requirements.in").read_text().splitlines() if "==" in line}
     assert pinned["sglang"] == stack.pins["sglang"].version and pinned["torch"] == stack.pins["torch"].version
+    # `gpunode check` has one image test per pin name of the host file (ImagePins): a stack's pin
+    # outside them would go unchecked on the node.
+    assert set(stack.pins) <= set(ImagePins.model_fields)
 
 
 def test_the_current_stacks_lock_is_cuda_13_0_throughout() -> None:

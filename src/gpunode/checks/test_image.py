@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import docker_inspect, node_record
+from gpunode.hostfile import ImagePins
 from gpunode.image.context import LABEL_PREFIX
 
 FIX = "run `gpunode provision --tags image`"
@@ -25,14 +26,17 @@ def test_server_image_present(gpu_node: Any, hostvars: dict[str, Any]) -> None:
     _image(gpu_node, hostvars)
 
 
-def test_image_pins_match(gpu_node: Any, hostvars: dict[str, Any]) -> None:
-    """Every pin of the host file's stack (and its own on top), as the image's labels record it."""
+@pytest.mark.parametrize("pin", list(ImagePins.model_fields))
+def test_image_pin_matches(pin: str, gpu_node: Any, hostvars: dict[str, Any]) -> None:
+    """One pin of the host file's stack (with the host file's own on top), as the image's labels
+    record it; the pin names are the host file's, which every stack's pins use."""
     if hostvars["gpunode_image_stand_in"]:
         pytest.skip("lab stand-in: the fake server's image carries no pins (the real image's are checked on a GPU node)")
-    labels = _image(gpu_node, hostvars)["Config"].get("Labels") or {}
-    wrong = [f"the image has {pin} {labels.get(f'{LABEL_PREFIX}.pin.{pin}')}, the host file pins {want}"
-             for pin, want in hostvars["gpunode_image_pins"].items() if labels.get(f"{LABEL_PREFIX}.pin.{pin}") != str(want)]
-    assert not wrong, "; ".join(wrong) + f" -> {FIX}"
+    want = hostvars["gpunode_image_pins"].get(pin)
+    if want is None:
+        pytest.skip(f"the host file's stack pins no {pin}")
+    have = (_image(gpu_node, hostvars)["Config"].get("Labels") or {}).get(f"{LABEL_PREFIX}.pin.{pin}")
+    assert have == str(want), f"the image has {pin} {have}, the host file pins {want} -> {FIX}"
 
 
 def test_image_verified(gpu_node: Any, hostvars: dict[str, Any]) -> None:
