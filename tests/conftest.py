@@ -29,3 +29,23 @@ def gpunode(tmp_path: Path):
 def gpunode_module(tmp_path_factory: pytest.TempPathFactory):
     """The same, for module-scoped fixtures."""
     return _runner(tmp_path_factory.mktemp("state"))
+
+
+# CI runs the suite on two workers (pytest-xdist; pyproject.toml's addopts): the lab's tests share
+# one lab and run one after another on one worker, the real-engine tests (images and Docker) share
+# their session-built images on the other; each unit test goes where there is room. The lab's
+# tests mostly wait on SSH and Ansible, the image builds mostly on PyPI and the disk, so the two
+# overlap instead of adding up. (xdist's own loadgroup cannot be used: its group suffix is lost
+# on pytest 9's node ids.)
+XDIST_GROUPS = {"lab": "lab", "image": "engine", "docker": "engine"}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFolder(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/", 2)
+            return XDIST_GROUPS.get(parts[1], nodeid) if len(parts) == 3 and parts[0] == "tests" else nodeid
+
+    return ByFolder(config, log)
