@@ -309,7 +309,7 @@ class Image(Strict):
     build_on: Literal["node", "local"] = "node"
     ca_bundle: Path | None = None
     pins: ImagePins = ImagePins()
-    # Lab only: the serve and smoke stages run the fake SGLang server's image (gpunode.labimage),
+    # Lab only: the serve and smoke stages run the fake SGLang server's image (gpunode.lab.image),
     # shipped to the node by the image stage, because the lab has no GPU to run the real one on.
     lab_stand_in: Literal["fake-sglang"] | None = None
 

@@ -1,5 +1,5 @@
 """Where gpunode finds its Ansible collection and image inputs (inside the package, so a wheel
-works from any folder), the lab's recordings (a checkout), and where it keeps its state."""
+works from any folder), and where it keeps its state."""
 
 from __future__ import annotations
 
@@ -14,14 +14,6 @@ PLAYBOOKS = COLLECTION / "playbooks"
 MODULE_UTILS = COLLECTION / "plugins" / "module_utils"
 ANSIBLE_CFG = PACKAGE / "ansible.cfg"
 IMAGES = PACKAGE / "images"
-
-
-def checkout_root() -> Path:
-    """The source checkout, for what only the lab needs (recordings and fakes under tests/);
-    GPUNODE_HOME overrides."""
-    if "GPUNODE_HOME" in os.environ:
-        return Path(os.environ["GPUNODE_HOME"]).resolve()
-    return PACKAGE.parents[1]
 
 
 def state_dir() -> Path:

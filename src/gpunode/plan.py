@@ -210,7 +210,7 @@ def server_image(host: Host, tag: str | None = None) -> str:
     """What the server container runs: the content-tagged image (``tag`` when already computed), or
     in a lab with a stand-in the fake server's image (its tag hashes the fake's files)."""
     if host.image.lab_stand_in:
-        from gpunode.labimage import fake_tag
+        from gpunode.lab.image import fake_tag
 
         return fake_tag()
     return tag or image_tag(host)
@@ -230,7 +230,7 @@ def server_launch(host: Host) -> profiles.Launch:
         launch = profiles.Launch(launch.argv + ("--api-key", "<from " + host.server.api_key.describe() + ">"),
                                  launch.env, {**launch.reasons, "--api-key": "required when bound beyond loopback"})
     if host.image.lab_stand_in:
-        # The stand-in parses the launch with the flags of the stack's sglang (tests/fakes/sglang_server.py).
+        # The stand-in parses the launch with the flags of the stack's sglang (gpunode/lab/standin/sglang_server.py).
         version = host.image.pinned()["sglang"]
         launch = profiles.Launch(launch.argv, {**launch.env, "FAKE_SGLANG_VERSION": version},
                                  {**launch.reasons, "FAKE_SGLANG_VERSION": f"lab: the stand-in server takes sglang "

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from gpunode.labimage import ensure_fake_image
+from gpunode.lab.image import ensure_fake_image
 from gpunode.serve.spec import jit_cache_volume
 
 

@@ -1,11 +1,12 @@
-"""Stand-ins for SGLang 0.5.9 used by the tests: its HTTP server and startup (sglang_server.py) and
-``python3 -m sglang.bench_serving`` (bench_serving.py). ``shim/`` holds a package named ``sglang``
-whose ``launch_server`` and ``bench_serving`` modules run them, so the real command lines work
-unchanged with ``PYTHONPATH=tests/fakes/shim``."""
+"""The stand-in SGLang server the lab ships (gpunode/lab/standin: its HTTP server and startup,
+sglang_server.py, and ``python3 -m sglang.bench_serving``, bench_serving.py), as the tests run it:
+``shim/`` holds a package named ``sglang`` whose ``launch_server`` and ``bench_serving`` modules run
+them, so the real command lines work unchanged with ``PYTHONPATH=<standin>/shim``; process.py runs
+the server as a local process."""
 
-from pathlib import Path
+from gpunode.lab.contract import STANDIN
 
-FAKES = Path(__file__).resolve().parent
+FAKES = STANDIN
 SHIM = FAKES / "shim"
 SERVER = FAKES / "sglang_server.py"
 BENCH = FAKES / "bench_serving.py"

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import docker
 import pytest
@@ -19,10 +18,11 @@ from gpunode.hostfile import Host
 from gpunode.image import BuildResult, VerifyReport, verify
 from gpunode.image.aot import modules_json, profile_modules
 from gpunode.image.context import LABEL_PREFIX
+from gpunode.lab.contract import STANDIN
 
 pytestmark = pytest.mark.image
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = STANDIN  # the stand-in server the lab ships
 
 
 @pytest.fixture(scope="module")

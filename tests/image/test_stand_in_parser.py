@@ -12,10 +12,11 @@ import docker
 import pytest
 
 from gpunode.image import BuildResult
+from gpunode.lab.contract import STANDIN
 
 pytestmark = pytest.mark.image
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = STANDIN  # the stand-in server the lab ships
 
 
 @pytest.mark.parametrize(("image", "data"), [("built", "sglang_0_5_9_args.json"),

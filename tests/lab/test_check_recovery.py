@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import gpunode.lab as lab
-from gpunode import labkernels, stagerun
-from gpunode.labimage import fake_tag
+from gpunode import stagerun
+from gpunode.lab import kernels as labkernels
+from gpunode.lab.image import fake_tag
 from gpunode.pve.client import Connection, PveClient
 from gpunode.serve.spec import CONTAINER_NAME
 
@@ -229,9 +230,9 @@ VERSION_FILES = ("sys/module/nvidia/version", "proc/driver/nvidia/version")
 
 def upgrade_host_driver(old: str, new: str) -> None:
     """What a driver upgrade leaves on the host: the new version loaded, its files, the ld cache."""
-    from gpunode import labdriver
+    from gpunode.lab import driver as labdriver
 
-    labdriver.lay_out(ROOT / lab.HOST_DRIVER_LAYOUT, FACTS, new)
+    labdriver.lay_out(lab.HOST_DRIVER_LAYOUT, FACTS, new)
     for rel in VERSION_FILES:
         path = FACTS / rel
         path.write_text(path.read_text().replace(old, new))

@@ -1,4 +1,4 @@
-"""gpunode.labpve for real: bind mount points set through the lab's fakepve appear in the lab's
+"""gpunode.lab.pve for real: bind mount points set through the lab's fakepve appear in the lab's
 LXC container `gpunode-lab` the way pve-container realizes them.
 
 A fakepve container of its own (VMID, hostname gpunode-lab, which is what ties it to the LXC
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import lab, labpve
+from gpunode import lab
+from gpunode.lab import pve as labpve
 from gpunode.pve.client import Connection, PveClient, PveError
 from gpunode.pve.lxc import Converger
 

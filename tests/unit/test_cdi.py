@@ -14,6 +14,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from gpunode.node import cdi
+from gpunode.lab.contract import HOST_DRIVER_LAYOUT  # the recording the lab ships
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SCHEMA_DIR = FIXTURES / "cdi"
@@ -47,7 +48,7 @@ RO = ["ro", "nosuid", "nodev", "bind"]
 
 def h200_tree() -> dict[str, Any]:
     """The manifest as the tree would write it, from the file names recorded on a real H200."""
-    layout = json.loads((H200 / "driver" / "layout.json").read_text())
+    layout = json.loads((HOST_DRIVER_LAYOUT / "layout.json").read_text())
     return {
         "version": layout["version"],
         "libraries": [row["soname"] for row in layout["libraries"] if row["type"] == "file"],

@@ -151,7 +151,7 @@ def test_every_signature_has_a_real_message() -> None:
     assert {key for key, _ in REAL} == {s.key for s in d.SIGNATURES}
 
 
-# Texts the old table matched that no component of this stack prints (tests/fakes wrote them).
+# Texts the old table matched that no component of this stack prints (the stand-in used to print them).
 NOT_REAL = [
     "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
     "NumCudaDevices() that might have already set an error? Error 3: initialization error",
@@ -222,8 +222,7 @@ def test_diagnose_cli_healthy_unknown_and_bad_input(tmp_path: Path) -> None:
 
 def test_the_stand_ins_failure_texts_are_the_real_ones() -> None:
     """Each failure the lab's stand-in server can be told to have prints one of the texts above."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fakes.sglang_server import TRACEBACKS
+    from gpunode.lab.standin.sglang_server import TRACEBACKS
 
     real = {text for _, text in REAL}
     for crash, (_phase, _who, lines) in TRACEBACKS.items():

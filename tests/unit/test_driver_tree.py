@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpunode import labdriver
+from gpunode.lab import driver as labdriver
+from gpunode.lab.contract import HOST_DRIVER_LAYOUT
 from gpunode.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "tests" / "fixtures" / "host" / "h200" / "driver"
+RECORDED = HOST_DRIVER_LAYOUT  # the lab ships the recording (gpunode/lab/recorded)
+TREE_PROBE = ROOT / "tests" / "fixtures" / "host" / "h200" / "driver" / "tree_probe.json"
 LAYOUT = json.loads((RECORDED / "layout.json").read_text())
 VERSION = LAYOUT["version"]
 
@@ -120,7 +122,7 @@ def test_read_version(host: Path, tmp_path: Path) -> None:
 def test_the_tree_served_cuda_torch_and_nvidia_smi_on_the_h200(host: Path) -> None:
     """probe_tree.py built the tree on the H200 from its real ld cache and ran, with only the tree on
     the loader's path, the CUDA probe, a torch matmul and the tree's nvidia-smi."""
-    probe = json.loads((RECORDED / "tree_probe.json").read_text())
+    probe = json.loads((TREE_PROBE).read_text())
     planned = driver_tree.plan(driver_tree.parse_ldconfig(ldconfig_p(host)), VERSION, str(host))
     assert probe["version"] == VERSION and probe["tree"] == sorted(planned["libraries"])
     assert probe["binaries"] == sorted(planned["binaries"])

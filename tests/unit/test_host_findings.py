@@ -14,6 +14,7 @@ import pytest
 from gpunode.host import vfio
 from gpunode.host.findings import Expectations, evaluate
 from gpunode.paths import MODULE_UTILS
+from gpunode.lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "fixtures" / "host" / "h200"
@@ -97,7 +98,7 @@ def test_translated_iommu_warns(facts: dict[str, Any]) -> None:
 
 def test_gather_replays_the_recorded_files(tmp_path: Path, facts: dict[str, Any]) -> None:
     # The module_utils reader, over the very files recorded on the H200, gives the same facts.
-    with tarfile.open(RECORDED / "sysroot.tar.gz") as tar:
+    with tarfile.open(HOST_FACTS_TARBALL) as tar:
         tar.extractall(tmp_path, filter="tar")
     spec = importlib.util.spec_from_file_location("nvidia_host", MODULE_UTILS / "nvidia_host.py")
     assert spec and spec.loader

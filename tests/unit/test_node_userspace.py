@@ -10,12 +10,13 @@ import pytest
 
 from gpunode.node import userspace
 from gpunode.probe import cuda_probe
+from gpunode.lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "host" / "h200"
 
 
 def recorded_banner() -> str:
-    with tarfile.open(RECORDED / "sysroot.tar.gz") as tar:
+    with tarfile.open(HOST_FACTS_TARBALL) as tar:
         member = tar.extractfile("sysroot/proc/driver/nvidia/version")
         assert member is not None
         return member.read().decode()

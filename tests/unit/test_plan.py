@@ -155,7 +155,7 @@ def test_each_built_stage_is_one_tagged_play() -> None:
 
 
 def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
-    from gpunode.labimage import FAKE_REPO, fake_tag
+    from gpunode.lab.image import FAKE_REPO, fake_tag
 
     lab = hostfile.load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
     built = plan.plan_host(lab)

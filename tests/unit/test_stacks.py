@@ -14,9 +14,10 @@ from gpunode.bench.restart import overridden
 from gpunode.hostfile import HostFileError, ImagePins, load
 from gpunode.image import aot
 from gpunode.image.context import collect_inputs, lock_pin_mismatches, lock_versions
+from gpunode.lab.contract import STANDIN
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKES = ROOT / "tests" / "fakes"
+FAKES = STANDIN  # the stand-in server the lab ships
 CURRENT = "sglang-0.5.23-cu130"
 
 

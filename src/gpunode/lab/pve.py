@@ -23,7 +23,7 @@ Restarting a container through the API never restarts the LXC container: only it
 realized again. What this process mounted is kept in --state, so a new process (which starts with
 no fakepve containers) unmounts what an old one left.
 
-    python -m gpunode.labpve GUESTS [fakepve's arguments] --lxcpath DIR --host-rootfs DIR --state FILE
+    python -m gpunode.lab.pve GUESTS [fakepve's arguments] --lxcpath DIR --host-rootfs DIR --state FILE
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ class Realizer:
 
 
 def _run_helper(args: list[str]) -> None:
-    code = "import sys, gpunode.labpve as m; sys.exit(m.ns_helper(sys.argv[1:]))"
+    code = "import sys, gpunode.lab.pve as m; sys.exit(m.ns_helper(sys.argv[1:]))"
     try:
         proc = subprocess.run([sys.executable, "-c", code, *args], check=False, capture_output=True, text=True,
                               timeout=HELPER_TIMEOUT_S, stdin=subprocess.DEVNULL)
@@ -447,10 +447,10 @@ class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m gpunode.labpve``: fakepve's command line (python -m fakepve --help), plus where the
+    """``python -m gpunode.lab.pve``: fakepve's command line (python -m fakepve --help), plus where the
     lab's LXC containers and the PVE host's root are and where to keep what was mounted."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m gpunode.labpve", add_help=False,
+    parser = argparse.ArgumentParser(prog="python -m gpunode.lab.pve", add_help=False,
                                      description=__doc__.splitlines()[0],
                                      epilog="The other arguments are fakepve's: python -m fakepve --help.")
     parser.add_argument("--lxcpath", type=Path, required=True, help="lxcpath of the LXC containers to realize")

@@ -1,12 +1,12 @@
 """The lab's stand-in server image (also the Docker tests' image): Debian 12 minbase with python3,
-plus the fake SGLang server from tests/fakes. The lab has no GPU, so its serve and smoke stages run
+plus the fake SGLang server of gpunode.lab.standin. The lab has no GPU, so its serve and smoke stages run
 this in place of the real image (host file: ``image.lab_stand_in: fake-sglang``).
 
 Two tags, each built once and reused while it exists:
 
 * ``gpunode-test/python-base:bookworm-1`` -- ``debootstrap --variant=minbase`` with python3, trimmed
   of docs, locales and apt lists, then ``docker import``-ed (about 1-2 minutes, once).
-* ``gpunode-test/fake-sglang:<hash>`` -- the base plus the fakes (``tests/fakes``: the server, the
+* ``gpunode-test/fake-sglang:<hash>`` -- the base plus the fakes (``gpunode/lab/standin``: the server, the
   bench stand-in and the ``sglang`` shim package) under ``/opt/fake-sglang`` with the shim on
   PYTHONPATH, so ``python3 -m sglang.launch_server ...`` -- the real command line -- runs the fake.
   The tag carries the files' hash: editing a fake builds a new one (a seconds-long ``docker
@@ -27,18 +27,15 @@ from pathlib import Path
 import docker
 
 from gpunode import handoff
-from gpunode.paths import checkout_root
+from gpunode.lab.contract import STANDIN
 
 BASE_TAG = "gpunode-test/python-base:bookworm-1"
 FAKE_REPO = "gpunode-test/fake-sglang"
 MIRROR = "http://deb.debian.org/debian"
-FAKES = checkout_root() / "tests" / "fakes"  # a checkout: the lab runs from one
+FAKES = STANDIN
 FAKE_FILES = ("sglang_server.py", "sglang_0_5_9_args.json", "sglang_0_5_23_args.json", "bench_serving.py", "shim/sglang/__init__.py",
               "shim/sglang/launch_server.py", "shim/sglang/bench_serving.py")
 IN_IMAGE = "/opt/fake-sglang"
-# The tag `gpunode lab up` built, for a gpunode installed from a wheel (no tests/fakes to hash).
-STAND_IN_RECORD = Path("/var/lib/gpunode-lab/stand-in-image")
-NOT_BUILT = f"{FAKE_REPO}:not-built"  # no checkout and no lab: nothing to name (the image stage says so)
 # Removed from the rootfs before import: nothing the fake server needs, most of the size.
 TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/lib/apt/lists",
         "var/cache/apt", "var/cache/debconf", "var/log")
@@ -82,9 +79,7 @@ DOCKERFILE = (f"FROM {BASE_TAG}\nCOPY fakes/ {IN_IMAGE}/\n"
 
 
 def fake_tag() -> str:
-    """The stand-in's tag: a hash of the fake's files in a checkout, else what the lab built."""
-    if not FAKES.is_dir():
-        return STAND_IN_RECORD.read_text().strip() if STAND_IN_RECORD.is_file() else NOT_BUILT
+    """The stand-in's tag: a hash of the fake's files (package data) and the Dockerfile."""
     digest = hashlib.sha256(DOCKERFILE.encode())
     for name in FAKE_FILES:
         digest.update(name.encode() + b"\0" + (FAKES / name).read_bytes())
@@ -113,8 +108,6 @@ def ensure_fake_image(client: docker.DockerClient) -> str:
     if not _has_image(client, tag):
         client.images.build(fileobj=_build_context(), custom_context=True, tag=tag, rm=True, pull=False)
         _prune_old_fakes(client, tag)
-    if STAND_IN_RECORD.parent.is_dir() and (not STAND_IN_RECORD.is_file() or STAND_IN_RECORD.read_text() != tag):
-        STAND_IN_RECORD.write_text(tag)
     return tag
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 CHOSEN = Path("/var/lib/gpunode-lab/kernels.json")
 HEADERS = re.compile(r"^linux-headers-(\d+\.\d+\.\d+-\d+-(?:amd64|cloud-amd64|rt-amd64))$")
 MODULE, VERSION = "nvidia", "580.159.04"
-STANDIN = "tests/fixtures/host/dkms-standin"  # relative to gpunode.paths.checkout_root()
 BUILD_PACKAGES = ("dkms", "gcc", "make", "kmod")
 
 
@@ -96,7 +95,7 @@ def remove_kernel(kernel: str) -> str:
 def ensure(progress: Callable[[str], None]) -> bool:
     """Bring the lab host's kernels to the state the module docstring describes; idempotent (the
     newer kernel is never broken again once a provision has repaired it)."""
-    from gpunode.paths import checkout_root
+    from gpunode.lab.contract import DKMS_STANDIN
 
     built, broken, _newest = kernels()
     state = _must(f"dpkg-query -W -f='${{Status}}\\n' {' '.join(BUILD_PACKAGES)} 2>/dev/null | grep -c 'ok installed'; "
@@ -114,7 +113,7 @@ def ensure(progress: Callable[[str], None]) -> bool:
         _must(" && ".join(install_kernel(k) for k in (built, broken)), "laying out the stand-in kernels")
         changed = True
     if "registered" not in lines:
-        source = checkout_root() / STANDIN
+        source = DKMS_STANDIN
         files = {name: (source / name).read_text() for name in ("dkms.conf", "Makefile", "nvidia.c")}
         script = f"mkdir -p /usr/src/{MODULE}-{VERSION} && " + " && ".join(
             f"printf %s {shlex.quote(text)} > /usr/src/{MODULE}-{VERSION}/{name}" for name, text in files.items())

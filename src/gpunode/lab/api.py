@@ -1,0 +1,158 @@
+"""The lab's verbs: up (idempotent), down, status."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+from gpunode.lab.containers import (
+    cgroup_device_key, container_state, ensure_container, ensure_model_stand_in, ensure_server_stand_in,
+    ssh_works, stop_container,
+)
+from gpunode.lab.contract import (
+    BRIDGE, BRIDGE_CIDR, BRIDGE_IP, CONTAINER_IP, CONTAINER_NAME, GPU_CONTAINER, HOST_CONTAINER,
+    HOST_CONTAINER_IP, HOST_CONTAINER_NAME, KNOWN_HOSTS, LAB_CONTAINERS, LAB_DIR, LAB_GPU_COUNT,
+    LAB_HOST_FACTS_ROOT, LXC_PATH, LabContainer, LabError, LabInfo, PVE_CA, PVE_NODE, PVE_PASSWORD_FILE,
+    PVE_URL, PVE_USER, Progress, REQUIRED_COMMANDS, SSH_KEY,
+)
+from gpunode.lab.devices import device_nodes, ensure_devices
+from gpunode.lab.engine import docker_running, ensure_docker
+from gpunode.lab.fakepve import ensure_pve, pve_answers, stop_pve
+from gpunode.lab.network import bridge_state, ensure_network, iptables_rules, remove_network
+from gpunode.lab.util import locked, lxc, noop, ok, require_commands, require_root, run
+from gpunode.lab import kernels
+
+def _info(uvm: int, changed: list[str], seconds: float) -> LabInfo:
+    return LabInfo(
+        lab_dir=str(LAB_DIR), container=CONTAINER_NAME, container_ip=CONTAINER_IP,
+        host_container=HOST_CONTAINER_NAME, host_ip=HOST_CONTAINER_IP, host_facts_root=LAB_HOST_FACTS_ROOT,
+        lxc_path=str(LXC_PATH),
+        ssh_user="root", ssh_key=str(SSH_KEY), known_hosts=str(KNOWN_HOSTS), bridge=BRIDGE, gateway=BRIDGE_IP,
+        gpu_count=LAB_GPU_COUNT,
+        device_nodes={n: f"{ma}:{mi}" for n, (ma, mi) in device_nodes(uvm).items()},
+        uvm_major=uvm, cgroup_key=cgroup_device_key(), pve_url=PVE_URL, pve_user=PVE_USER,
+        pve_password_file=str(PVE_PASSWORD_FILE), pve_ca=str(PVE_CA), pve_node=PVE_NODE,
+        changed=changed, seconds=round(seconds, 1))
+
+
+def up(progress: Progress = noop) -> LabInfo:
+    """Bring the lab up (idempotent: a second run changes nothing); returns how to reach it."""
+    start = time.monotonic()
+    require_root()
+    require_commands(list(REQUIRED_COMMANDS))
+    changed: list[str] = []
+    with locked():
+        if ensure_docker(progress):
+            changed.append("docker")
+        if ensure_network(progress):  # after dockerd, which rewrites iptables
+            changed.append("network")
+        dev_changed, uvm = ensure_devices(progress)
+        if dev_changed:
+            changed.append("devices")
+        if ensure_container(progress, GPU_CONTAINER, uvm):
+            changed.append("container")
+        if ensure_model_stand_in(progress, GPU_CONTAINER):
+            changed.append("model")
+        if ensure_server_stand_in(progress):
+            changed.append("server_image")
+        if ensure_pve(progress):
+            changed.append("fakepve")
+        if ensure_container(progress, HOST_CONTAINER, uvm):
+            changed.append("host_container")
+        if kernels.ensure(progress):
+            changed.append("kernels")
+    seconds = time.monotonic() - start
+    progress(f"lab up in {seconds:.1f} s" + (f" (changed: {', '.join(changed)})" if changed else " (no change)"))
+    return _info(uvm, changed, seconds)
+
+
+def down(purge: bool = False, progress: Progress = noop) -> None:
+    """Take the lab apart: fakepve, both containers, the iptables rules and the bridge; with purge
+    also LAB_DIR (keys, certificates, the debootstrap cache). Docker Engine is left running."""
+    require_root()
+    require_commands(["ip", "iptables", "lxc-stop", "lxc-destroy", "lxc-info"])
+    if not LAB_DIR.exists():
+        remove_network(progress)
+        progress("lab: nothing else to remove")
+        return
+    with locked():
+        progress("fakepve: stopped" if stop_pve() else "fakepve: not running")
+        for ct in reversed(LAB_CONTAINERS):
+            state = container_state(ct)
+            if state != "ABSENT":
+                if state != "STOPPED":
+                    stop_container(progress, ct)
+                run(lxc(ct, "lxc-destroy"), timeout=300, what=f"lxc-destroy {ct.name}")
+                progress(f"container: {ct.name} destroyed")
+            else:
+                progress(f"container: {ct.name} absent")
+        KNOWN_HOSTS.unlink(missing_ok=True)
+        remove_network(progress)
+    if purge:
+        shutil.rmtree(LAB_DIR)
+        progress(f"lab: {LAB_DIR} removed")
+
+
+def _devices_in_container(ct: LabContainer = GPU_CONTAINER) -> dict[str, str]:
+    """name -> "major:minor" of the /dev/nvidia* char nodes inside the running container."""
+    proc = run(lxc(ct, "lxc-attach", "--", "sh", "-c", "stat -c '%n %F %t %T' /dev/nvidia* 2>/dev/null || true"),
+                check=False, timeout=20)
+    seen: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"/dev/(\S+) character special file ([0-9a-f]+) ([0-9a-f]+)$", line.strip())
+        if m:
+            seen[m.group(1)] = f"{int(m.group(2), 16)}:{int(m.group(3), 16)}"
+    return seen
+
+
+def _container_status(ct: LabContainer, root: bool) -> dict[str, object]:
+    """name, lxc_path, state, ip, devices ("name" -> "major:minor" inside), ssh, and ok (all fine)."""
+    state = container_state(ct) if root else "UNKNOWN"
+    ip = None
+    devices: dict[str, str] = {}
+    if state == "RUNNING":
+        proc = run(lxc(ct, "lxc-info", "-iH"), check=False, timeout=20)
+        ips = proc.stdout.split()
+        ip = ips[0] if ips else None
+        devices = _devices_in_container(ct)
+    ssh = state == "RUNNING" and KNOWN_HOSTS.exists() and ssh_works(ct)
+    return {"name": ct.name, "lxc_path": str(LXC_PATH), "state": state, "ip": ip, "devices": devices, "ssh": ssh,
+            "ok": state == "RUNNING" and ip == ct.ip and ssh}
+
+
+def status() -> dict[str, object]:
+    """What is there now, as a JSON-able dict; `up` is True when every part works. Never raises."""
+    out: dict[str, object] = {"lab_dir": str(LAB_DIR), "root": os.geteuid() == 0}
+    try:
+        out["dockerd"] = docker_running()
+        exists, has_addr, is_up = bridge_state()
+        out["bridge"] = {"name": BRIDGE, "present": exists, "address": BRIDGE_CIDR if has_addr else None,
+                         "up": is_up}
+        out["iptables"] = all(ok(["iptables", "-w", "-t", t, "-C", *spec]) for t, spec, _ in iptables_rules())
+        try:
+            expected = {n: f"{ma}:{mi}" for n, (ma, mi) in device_nodes().items()}
+        except (OSError, LabError):
+            expected = {}
+        gpu = _container_status(GPU_CONTAINER, out["root"] is True)
+        out["container"] = {k: gpu[k] for k in ("name", "lxc_path", "state")}
+        out["container_ip"] = gpu["ip"]
+        out["devices_expected"] = expected
+        out["devices"] = gpu["devices"]
+        out["ssh"] = gpu["ssh"]
+        host = _container_status(HOST_CONTAINER, out["root"] is True)
+        host["facts_root"] = LAB_HOST_FACTS_ROOT
+        host["facts"] = (HOST_CONTAINER.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/") / "proc/driver/nvidia/version").is_file()
+        out["host_container"] = host
+        out["fakepve"] = {"url": PVE_URL, "node": PVE_NODE, "answering": PVE_PASSWORD_FILE.exists() and pve_answers()}
+        out["up"] = bool(out["dockerd"] and exists and has_addr and is_up and out["iptables"] and expected
+                         and gpu["ok"] and gpu["devices"] == expected
+                         and host["ok"] and host["devices"] == expected and host["facts"]
+                         and out["fakepve"]["answering"])  # type: ignore[index]
+        gpu.pop("ok")
+        host.pop("ok")
+    except (OSError, LabError) as exc:
+        out["error"] = str(exc)
+        out["up"] = False
+    return out
