@@ -35,7 +35,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpunode import plan, profiles, stacks  # noqa: E402
+from gpunode import derive, profiles, stacks  # noqa: E402
 from gpunode.hostfile import load  # noqa: E402
 from gpunode.image import build  # noqa: E402
 from gpunode.image.aot import modules_json, profile_modules  # noqa: E402
@@ -45,9 +45,9 @@ SMALL = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i
 CUTLASS_CPU_S_PER_SOURCE = 128.0 * 2 / 3  # FIELD-NOTES s8: fp4_gemm_cutlass_sm120, 12.0a, 128 s wall on 2 cores, 3 sources
 FULL_BUILD_SOURCES = 13  # modules up to this many sources are built whole; larger ones sampled by class
 # A large module's CUDA sources by class (first match wins); one of each is compiled here.
-CLASSES = {"fused_moe_120": {"sm120 instantiations": "sm120", "moe gemm templates": "^moe_gemm_kernels_",
+CLASSES = {"fused_moe_120": {"sm120 instantiations": "_sm120_", "moe gemm templates": "moe_gemm_kernels_",
                              "sm80/sm90 instantiations": "_sm(80|90)_", "the rest": ""},
-           "fp4_gemm_cutlass_sm120": {"tile instantiations": "fp4_gemm_cutlass_", "the rest": ""}}
+           "fp4_gemm_cutlass_sm120": {"tile instantiations": "fp4_gemm_cutlass_(half|_+nv_bfloat16)_", "the rest": ""}}
 CORES = (2, 8, 16, 32, 64, 128)
 
 # Runs in the image: the build step for the modules given, timed, then each module's source count.
@@ -75,19 +75,22 @@ for header in glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/cublas/inclu
         os.symlink(header, target)
 spec = runpy.run_path("/opt/gpunode/flashinfer_aot.py")["spec_of"](e)
 spec.write_ninja()
-objects = [o for o in spec.get_object_paths() if o.name.endswith(".cuda.o")]
+ninja = ["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path)]
+# The targets as the build file names them (FlashInfer 0.7's differ from get_object_paths()).
+listed = subprocess.run(ninja + ["-t", "targets", "all"], capture_output=True, text=True, check=True).stdout
+objects = [line.split(":")[0] for line in listed.splitlines() if line.split(":")[0].endswith(".cuda.o")]
 out = {}
 for name, pattern in classes.items():
-    members = [o for o in objects if re.search(pattern, o.name)] if pattern else objects
+    members = [o for o in objects if re.search(pattern, os.path.basename(o))] if pattern else objects
     members = [o for o in members if not any(o in v["_members"] for v in out.values())]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run(["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path), str(members[0])],
-                          capture_output=True, text=True)
+    done = subprocess.run(ninja + [members[0]], capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit("ninja failed: " + "\\n".join(l for l in done.stdout.splitlines() if "error" in l)[:2000])
+        said = (done.stdout + done.stderr).splitlines()
+        sys.exit("ninja failed: " + "\\n".join(l for l in said if "error" in l.lower())[:2000])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out[name] = {"_members": members, "count": len(members), "sampled": members[0].name,
+    out[name] = {"_members": members, "count": len(members), "sampled": os.path.basename(members[0]),
                  "wall_s": round(time.monotonic() - started, 1),
                  "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)}
 for v in out.values():
@@ -128,8 +131,8 @@ def main() -> int:
     stack = stacks.load(stack_name)
     profile = profiles.load(stack.profile)
     client = docker.from_env(timeout=7200)
-    built = build(host.image, None, Console(stderr=True), aot=plan.aot_plan(host))  # type: ignore[attr-defined]
-    arch = plan.aot_plan(host).arch.cuda_arch  # type: ignore[attr-defined]
+    built = build(host.image, None, Console(stderr=True), aot=derive.aot_plan(host))  # type: ignore[attr-defined]
+    arch = derive.aot_plan(host).arch.cuda_arch  # type: ignore[attr-defined]
     env = {"FLASHINFER_CUDA_ARCH_LIST": arch, "FLASHINFER_WORKSPACE_BASE": "/tmp/fi", "MAX_JOBS": str(os.cpu_count())}
 
     def run(script: str, *args: str, mark: str) -> dict:  # type: ignore[type-arg]

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from gpunode import inventory
+from gpunode import exitcodes, inventory
 from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
 from gpunode.hostfile import HostFile
 from gpunode.paths import state_dir
@@ -40,7 +40,8 @@ class CheckResult:
 # pytest's exit codes that are not a test outcome (pytest.ExitCode), and what gpunode says of them.
 NOT_AN_OUTCOME = {2: "interrupted", 3: "pytest's internal error", 4: "pytest refused its arguments",
                   5: "no check was collected"}
-EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_RUN, EXIT_INTERRUPTED = 1, 3, 4, 130
+EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_RUN, EXIT_INTERRUPTED = (exitcodes.FAILED, exitcodes.UNREACHABLE,
+                                                          exitcodes.ENVIRONMENT, exitcodes.INTERRUPTED)
 
 
 @dataclass
@@ -135,14 +136,13 @@ class _Collector:
         self.report.results.append(CheckResult(layer, host, check, status, message))
 
 
-def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None,
-               source: Path | None = None) -> CheckReport:
+def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
     import pytest
 
     folder = state_dir() / "check"
     folder.mkdir(parents=True, exist_ok=True)
     inv = folder / "inventory.json"
-    inv.write_text(json.dumps(inventory.build(hostfile, secrets, source), indent=2))
+    inv.write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
     chosen = layers or list(LAYERS)
     files = [str(CHECKS_DIR / f"test_{layer}.py") for layer in chosen if (CHECKS_DIR / f"test_{layer}.py").exists()]
     collector = _Collector()

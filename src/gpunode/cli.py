@@ -1,4 +1,6 @@
-"""The gpunode command line. Thin: each verb maps to a playbook or a module of the package.
+"""The gpunode command line. Thin: provision and every stage-named verb run the collection's
+playbook through one path (gpunode.runner), ``--local`` runs a stage's code on this machine instead,
+and the other verbs are modules of the package. Exit codes are gpunode.exitcodes'.
 
 Heavy modules (pydantic models, ansible-runner, the lab) are imported inside the commands so that
 ``gpunode --help`` stays fast.
@@ -6,8 +8,10 @@ Heavy modules (pydantic models, ansible-runner, the lab) are imported inside the
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
@@ -21,7 +25,24 @@ if TYPE_CHECKING:
 AB_PRESETS_HELP = ("attention (--attention-backend flashinfer,triton)",
                    "moe (--moe-runner-backend flashinfer_cutlass,flashinfer_cutedsl)",
                    "stacks (image.stack sglang-0.5.9-cu128,sglang-0.5.23-cu130)")
-EXIT_CODES_HELP = "Exit codes: 0 done, 1 a stage failed, 2 bad input, 3 host unreachable, 4 environment problem, 130 interrupted."
+
+def _codes(command: str) -> str:
+    from gpunode.exitcodes import help_text
+
+    return help_text(command)
+
+
+EXIT_CODES_HELP = _codes("provision")
+STAGE_CODES = "<stage> (host, container, node, image build, p2p, serve, smoke)"
+
+
+def _with_codes(command: Callable[..., None], *keys: str) -> None:
+    """Append the exit codes of ``keys`` (gpunode.exitcodes) to a command's help; a second key is
+    its --local variant's."""
+    text = inspect.cleandoc(command.__doc__ or "")
+    for index, key in enumerate(keys):
+        text += "\n\n" + ("--local: " if index else "") + _codes(key)
+    command.__doc__ = text
 
 app = typer.Typer(
     help="Provision a Proxmox VE host with NVIDIA GPUs: LXC container, pinned SGLang image, P2P check, server.\n\n"
@@ -76,18 +97,15 @@ def plan(
         "--live", help="also read (never write) the Proxmox API: is the container's vmid free, gpunode's, "
                        "or someone else's?")] = False,
 ) -> None:
-    """Show what provision would do, without contacting anything (--live reads the Proxmox API).
-
-    Exit codes: 0 shown, 2 bad input (or a secret --live cannot read), 3 --live: an API unreachable.
-    """
+    """Show what provision would do, without contacting anything (--live reads the Proxmox API)."""
     from gpunode import plan as planning
     from gpunode.render import print_plan
 
     hf = _load(path)
     plans = planning.make_plan(hf)
     if live:
-        from gpunode.pve.client import PveError, PveUnreachable
-        from gpunode.pve.live import inspect
+        from gpunode.container.client import PveError, PveUnreachable
+        from gpunode.container.live import inspect
 
         for index, (host, host_plan) in enumerate(zip(hf.hosts, plans)):
             try:
@@ -110,43 +128,19 @@ def _split(values: list[str] | None) -> list[str]:
     return [item.strip() for value in values or [] for item in value.split(",") if item.strip()]
 
 
-@app.command()
-def provision(
-    path: HostFileArg,
-    check: Annotated[bool, typer.Option("--check", help="report what would change; change nothing")] = False,
-    diff: Annotated[bool, typer.Option("--diff", help="show file and config differences")] = False,
-    limit: Annotated[Optional[str], typer.Option("--limit", help="only these hosts (Ansible pattern)")] = None,
-    tags: Annotated[Optional[list[str]], typer.Option("--tags", help="only these stages (comma list)")] = None,
-    start: Annotated[Optional[str], typer.Option("--from", help="start at this stage, run the rest")] = None,
-    restart_container: Annotated[bool, typer.Option(
-        "--restart-container", help="restart a running container when device changes need it")] = False,
-    recreate_container: Annotated[bool, typer.Option(
-        "--recreate-container", help="re-create the container when a change needs it (DESTROYS its disk)")] = False,
-    adopt: Annotated[bool, typer.Option(
-        "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
-                        "converge and mark it")] = False,
-    vault_password_file: Annotated[Optional[Path], typer.Option(
-        "--vault-password-file", help="for {vault: PATH} secrets")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")] = False,
-    verbose: Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")] = 0,
-) -> None:
-    """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
-
-    An existing container without gpunode's tag is never changed (exit 1, naming it) unless
-    --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
-    """
+def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: bool, diff: bool,
+                limit: str | None, restart_container: bool = False, recreate_container: bool = False,
+                adopt: bool = False, vault_password_file: Path | None = None, as_json: bool = False,
+                verbose: int = 0) -> NoReturn:
+    """The one path every stage takes from the command line: the collection's provision playbook
+    through ansible-runner, the stages selected by tags, a recap from runner stats."""
     from gpunode import stages as stage_list
 
     hf = _load(path)
     try:
-        chosen = stage_list.select(_split(tags), start)
+        chosen = stage_list.select(tags, start)
     except ValueError as exc:
         _die(2, [str(exc)])
-    built = stage_list.built_stages()
-    missing = [name for name in chosen if name not in built]
-    if tags and missing:
-        _die(2, [f"stage {name!r} is not built in this version of gpunode (built: {', '.join(built)})" for name in missing])
-    chosen = [name for name in chosen if name in built]
     lab_skipped: dict[str, str] = {}
     if not tags and all(host.lab for host in hf.hosts):
         # Left out only where every host leaves it out (a stand-in on each host runs serve and smoke).
@@ -154,16 +148,15 @@ def provision(
         lab_skipped = {name: each[0][name] for name in chosen if all(name in left for left in each)}
         chosen = [name for name in chosen if name not in lab_skipped]
     if not chosen:
-        _die(2, [f"no built stage selected (built: {', '.join(built)})"])
+        _die(2, ["no stage selected: a lab host without a GPU leaves out p2p (and without a stand-in image, "
+                 "serve and smoke); name one with --tags"])
     if adopt and "container" not in chosen:
         _die(2, ["--adopt takes over a container: it needs the container stage, which is not selected"])
 
     from rich.console import Console
 
-    from gpunode.runner import print_recap
+    from gpunode.runner import SecretUnavailable, print_recap, secret_files
     from gpunode.runner import provision as run_provision
-
-    from gpunode.runner import SecretUnavailable, secret_files
 
     console = _err()
     try:
@@ -175,7 +168,7 @@ def provision(
             summary = run_provision(
                 hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
                 extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
-                vault_password_file=vault_password_file, source=path, adopt=adopt)
+                vault_password_file=vault_password_file, adopt=adopt)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:
@@ -187,16 +180,98 @@ def provision(
     raise typer.Exit(summary.exit_code)
 
 
+CheckOpt = Annotated[bool, typer.Option("--check", help="report what would change; change nothing")]
+DiffOpt = Annotated[bool, typer.Option("--diff", help="show file and config differences")]
+LimitOpt = Annotated[Optional[str], typer.Option("--limit", help="only these hosts (Ansible pattern)")]
+JsonRecapOpt = Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")]
+VerboseOpt = Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")]
+VaultOpt = Annotated[Optional[Path], typer.Option("--vault-password-file", help="for {vault: PATH} secrets")]
+LocalOpt = Annotated[bool, typer.Option("--local", help="run it on THIS machine instead of the node (see --help)")]
+
+
+@app.command()
+def provision(
+    path: HostFileArg,
+    check: CheckOpt = False,
+    diff: DiffOpt = False,
+    limit: LimitOpt = None,
+    tags: Annotated[Optional[list[str]], typer.Option("--tags", help="only these stages (comma list)")] = None,
+    start: Annotated[Optional[str], typer.Option("--from", help="start at this stage, run the rest")] = None,
+    restart_container: Annotated[bool, typer.Option(
+        "--restart-container", help="restart a running container when device changes need it")] = False,
+    recreate_container: Annotated[bool, typer.Option(
+        "--recreate-container", help="re-create the container when a change needs it (DESTROYS its disk)")] = False,
+    adopt: Annotated[bool, typer.Option(
+        "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
+                        "converge and mark it")] = False,
+    vault_password_file: VaultOpt = None,
+    as_json: JsonRecapOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
+
+    An existing container without gpunode's tag is never changed (exit 1, naming it) unless
+    --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
+    """
+    _run_stages(path, _split(tags) or None, start, check=check, diff=diff, limit=limit,
+                restart_container=restart_container, recreate_container=recreate_container, adopt=adopt,
+                vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
+
+
+def _stage_verb(name: str, summary: str) -> None:
+    """`gpunode <stage> host.yml`: that stage alone, on every host of the file (or --limit), through
+    the same path as provision."""
+
+    def verb(path: HostFileArg, check: CheckOpt = False, diff: DiffOpt = False, limit: LimitOpt = None,
+             vault_password_file: VaultOpt = None, as_json: JsonRecapOpt = False, verbose: VerboseOpt = 0) -> None:
+        _run_stages(path, [name], None, check=check, diff=diff, limit=limit,
+                    vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
+
+    verb.__doc__ = f"The {name} stage alone: {summary} (provision --tags {name})."
+    _with_codes(verb, STAGE_CODES)
+    app.command(name)(verb)
+
+
+def _stage_verbs() -> None:
+    """host, container and node: only the stage; image (build), p2p, serve and smoke have --local too."""
+    from gpunode.stages import STAGES
+
+    for stage in STAGES[:3]:
+        _stage_verb(stage.name, stage.summary)
+
+
+_stage_verbs()
+
+
+_with_codes(provision, "provision")
+
+
+def _stage_or_local(name: str, path: Path | None, local: bool, local_only: dict[str, object], *,
+                    check: bool, diff: bool, limit: str | None, vault_password_file: Path | None, as_json: bool,
+                    verbose: int) -> None:
+    """A stage verb that also runs on this machine: without --local it is the stage (a host file is
+    needed, the options of --local are refused); with --local it returns and the caller runs here."""
+    if local:
+        return
+    given = [option for option, value in local_only.items() if value not in (None, False)]
+    if given:
+        _die(2, [f"{', '.join(given)}: only with --local (without it, `gpunode {name}` runs the {name} stage on the "
+                 "node from the host file)"])
+    if path is None:
+        _die(2, [f"gpunode {name}: give the host file (the {name} stage runs on its node), or --local for this machine"])
+    _run_stages(path, [name], None, check=check, diff=diff, limit=limit, vault_password_file=vault_password_file,
+                as_json=as_json, verbose=verbose)
+
+
 @app.command()
 def check(
     path: HostFileArg,
     layers: Annotated[Optional[list[str]], typer.Option("--layer", help="only these layers (comma list)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
-    """Is this node right? testinfra checks by layer: host, container, inside, image, p2p, server.
+    """Is this node right? testinfra checks by layer, one per stage.
 
-    Exit codes: 0 every check passed (pending ones wait for a reload or reboot), 1 a check failed,
-    2 bad input, 3 a host unreachable (its checks not run), 4 no check could run, 130 interrupted.
+    Layers: host, container, node, image, p2p, serve, smoke.
     """
     from gpunode.checks import LAYERS
 
@@ -221,7 +296,7 @@ def check(
 
     try:
         with secret_files(hf) as secrets:
-            report = run_checks(hf, secrets, chosen or None, source=path)
+            report = run_checks(hf, secrets, chosen or None)
     except SecretUnavailable as exc:
         _die(2, [f"{path}: {exc}"])
     if as_json:
@@ -233,30 +308,40 @@ def check(
 
 @app.command()
 def p2p(
-    path: Annotated[Optional[Path], typer.Argument(help="host file for the expectations (p2p:, --tp-size)")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON with every number and finding")] = False,
-    size_mb: Annotated[int, typer.Option("--size-mb", help="bytes per bandwidth copy, MiB")] = 512,
-    quick: Annotated[bool, typer.Option("--quick", help="fewer samples: faster, noisier")] = False,
+    path: Annotated[Optional[Path], typer.Argument(help="the host file (--local: optional, for its p2p: "
+                                                        "expectations and --tp-size)")] = None,
+    local: LocalOpt = False,
+    host: Annotated[Optional[str], typer.Option("--host", help="--local: which host of the host file")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (--local: every number and finding; "
+                                                         "else the recap)")] = False,
+    size_mb: Annotated[Optional[int], typer.Option("--size-mb", help="--local: bytes per bandwidth copy, MiB "
+                                                   "(512)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="--local: fewer samples: faster, noisier")] = False,
+    check: CheckOpt = False,
+    limit: LimitOpt = None,
+    verbose: VerboseOpt = 0,
 ) -> None:
-    """GPU topology and P2P bandwidth on THIS machine, with a verdict for TP serving.
+    """The p2p stage on the node: GPU topology and P2P bandwidth (--local: THIS machine's).
 
-    Exit codes: 0 pass, 1 a pair or GPU below expectation (or P2P unavailable, or wrong data),
-    2 bad input, 3 passed with fewer than two GPUs (pairs not applicable), 4 no usable GPU/NVML/CUDA.
+    Without --local: inside the server image on the node, the verdict recorded for `gpunode check`.
+    With --local: measure this machine and print the report.
     """
+    _stage_or_local("p2p", path, local, {"--host": host, "--size-mb": size_mb, "--quick": quick},
+                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose)
     from gpunode.p2p.command import run as run_p2p
     from gpunode.p2p.verdict import Expectations
 
     values: dict[str, object] = {}
     if path is not None:
         chosen = _one_host(path, host)
-        from gpunode.plan import server_launch
+        from gpunode.derive import derive
 
-        argv = list(server_launch(chosen).argv)
-        tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else None
-        values = {**chosen.p2p.model_dump(), "min_gpus": int(tp) if tp else None}
-    raise typer.Exit(run_p2p(as_json=as_json, expect=Expectations.from_mapping(values), size_mb=size_mb,
+        values = {**chosen.p2p.model_dump(), "min_gpus": derive(chosen).tp_size}
+    raise typer.Exit(run_p2p(as_json=as_json, expect=Expectations.from_mapping(values), size_mb=size_mb or 512,
                              quick=quick, out=sys.stdout))
+
+
+_with_codes(p2p, STAGE_CODES, "p2p --local")
 
 
 def _one_host(path: Path, name: str | None):  # -> Host
@@ -270,44 +355,73 @@ def _one_host(path: Path, name: str | None):  # -> Host
 @app.command()
 def serve(
     path: HostFileArg,
-    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    local: LocalOpt = False,
+    host: Annotated[Optional[str], typer.Option("--host", help="--local: which host of the host file")] = None,
     docker_url: Annotated[Optional[str], typer.Option(
-        "--docker-url", help="Docker engine of the node (default: this machine's, DOCKER_HOST)")] = None,
-    image: Annotated[Optional[str], typer.Option("--image", help="image tag (default: the host file's pinned tag)")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for readiness")] = 3600.0,
+        "--docker-url", help="--local: the Docker engine (default: this machine's, DOCKER_HOST)")] = None,
+    image: Annotated[Optional[str], typer.Option("--image", help="--local: image tag (default: the host file's)")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="--local: seconds to wait for readiness "
+                                                     "(3600)")] = None,
+    check: CheckOpt = False,
+    limit: LimitOpt = None,
+    as_json: JsonRecapOpt = False,
+    verbose: VerboseOpt = 0,
 ) -> None:
-    """Start (or keep) the SGLang server and wait until /health_generate answers.
+    """The serve stage on the node: start (or keep) the SGLang server until it serves.
 
-    Exit codes: 0 ready, 1 not ready (diagnosed from its log), 2 bad input, 4 Docker unreachable.
+    Without --local: on the node's engine with the hand-off the node stage set up, waiting until
+    /health_generate answers. With --local: on THIS machine's engine (or --docker-url's), choosing
+    the hand-off here.
     """
+    _stage_or_local("serve", path, local, {"--host": host, "--docker-url": docker_url, "--image": image,
+                                           "--timeout": timeout},
+                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose)
     chosen = _one_host(path, host)
-    from gpunode.plan import image_tag
+    from gpunode.derive import server_image
+    from gpunode.serve.command import DEFAULT_TIMEOUT_S
     from gpunode.serve.command import serve as run_serve
 
-    raise typer.Exit(run_serve(chosen, image or image_tag(chosen), docker_url, _err(), timeout))
+    raise typer.Exit(run_serve(chosen, image or server_image(chosen), docker_url, _err(), timeout or DEFAULT_TIMEOUT_S))
+
+
+_with_codes(serve, STAGE_CODES, "serve --local")
 
 
 @app.command()
 def smoke(
-    url: Annotated[str, typer.Option("--url", help="the server, e.g. http://127.0.0.1:30000")],
-    served_name: Annotated[str, typer.Option("--served-name", help="the model name clients ask for")] = "glm-5",
+    path: Annotated[Optional[Path], typer.Argument(help="the host file (not with --local)")] = None,
+    local: LocalOpt = False,
+    url: Annotated[Optional[str], typer.Option("--url", help="--local: the server, e.g. http://127.0.0.1:30000")] = None,
+    served_name: Annotated[Optional[str], typer.Option("--served-name", help="--local: the model name clients ask "
+                                                       "for (glm-5)")] = None,
     api_key_env: Annotated[Optional[str], typer.Option(
-        "--api-key-env", help="environment variable holding the API key")] = None,
+        "--api-key-env", help="--local: environment variable holding the API key")] = None,
     bench_image: Annotated[Optional[str], typer.Option(
-        "--bench-image", help="run the short bench_serving from this image (needs --model-dir)")] = None,
-    model_dir: Annotated[Optional[str], typer.Option("--model-dir", help="model directory on the node")] = None,
-    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="Docker engine for the bench")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
+        "--bench-image", help="--local: run the short bench_serving from this image (needs --model-dir)")] = None,
+    model_dir: Annotated[Optional[str], typer.Option("--model-dir", help="--local: model directory on the node")] = None,
+    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="--local: Docker engine for the bench")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (the recap without --local)")] = False,
+    check: CheckOpt = False,
+    limit: LimitOpt = None,
+    verbose: VerboseOpt = 0,
 ) -> None:
-    """Prove the server answers correctly: health, models, a known answer, reasoning on/off,
-    a forced tool call (also streamed), and a short bench with zero failed requests.
+    """The smoke stage on the node: prove its server answers correctly (--local: the one at --url).
 
-    Exit codes: 0 all pass, 1 a check failed or not ready, 2 bad input, 4 the bench could not run.
+    Health, models, a known answer, reasoning on/off, a forced tool call (also streamed), a short
+    bench with zero failed requests. Without --local the result is recorded for `gpunode check`.
     """
+    _stage_or_local("smoke", path, local, {"--url": url, "--served-name": served_name, "--api-key-env": api_key_env,
+                                           "--bench-image": bench_image, "--model-dir": model_dir,
+                                           "--docker-url": docker_url},
+                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose)
     import os
 
     from gpunode.smoke.command import smoke as run_smoke
 
+    if path is not None:
+        _die(2, ["smoke --local proves the server at --url: give no host file"])
+    if not url:
+        _die(2, ["smoke --local: give the server's --url"])
     api_key = None
     if api_key_env:
         if api_key_env not in os.environ:
@@ -322,7 +436,10 @@ def smoke(
 
         client = docker_client(docker_url)
         runner = DockerBenchRunner(client, bench_image, model_dir)
-    raise typer.Exit(run_smoke(url, served_name, api_key, runner, as_json, sys.stdout))
+    raise typer.Exit(run_smoke(url, served_name or "glm-5", api_key, runner, as_json, sys.stdout))
+
+
+_with_codes(smoke, STAGE_CODES, "smoke --local")
 
 
 @app.command()
@@ -332,13 +449,9 @@ def diagnose(
     host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
     as_json: Annotated[bool, typer.Option("--json", help='print {"findings": [{"id", "summary", "cause", "fix", "line"}]}')] = False,
 ) -> None:
-    """Name the failures in an SGLang server log, each with the line that showed it, the cause and the
-    fix, ordered by where the failure began (the signatures serve uses when a start fails).
+    """Name the failures in an SGLang server log: line, cause and fix of each.
 
-    Exit codes: 0 every failure named, or none (a healthy log), 1 a failure no signature names (its
-    last error lines are shown), 2 bad input (no log given, no such file, a bad host file), 4 the
-    node or its server container could not be reached.
-    """
+    Ordered by where the failure began; the signatures serve uses when a start fails."""
     from gpunode.serve.diagnose import findings
 
     if (log is None) == (path is None):
@@ -378,32 +491,45 @@ def _server_log(chosen: Host) -> str:
             finally:
                 client.close()
     except (EngineUnreachable, docker.errors.DockerException) as exc:
-        _die(4, [f"cannot read {CONTAINER_NAME}'s log on {chosen.container.reach.address}: {exc}"])
+        _die(3, [f"cannot read {CONTAINER_NAME}'s log on {chosen.container.reach.address}: {exc}"])
 
 
 @image_app.command("build")
 def image_build(
     path: HostFileArg,
-    host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
+    local: LocalOpt = False,
+    host: Annotated[Optional[str], typer.Option("--host", help="--local: which host of the host file")] = None,
     docker_url: Annotated[Optional[str], typer.Option(
-        "--docker-url", help="engine to build on (default: the node's over SSH if image.build_on is node)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="build even if the content tag exists")] = False,
+        "--docker-url", help="--local: the engine to build on (default: this machine's)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="--local: build even if the content tag exists")] = False,
+    check: CheckOpt = False,
+    limit: LimitOpt = None,
+    as_json: JsonRecapOpt = False,
+    verbose: VerboseOpt = 0,
 ) -> None:
-    """Build the pinned image unless its content tag exists. Exit 0 built or present, 1 failed, 2 bad input."""
+    """The image stage on the node: build, verify and record the server image (--local: build here).
+
+    Without --local: built where the host file says (image.build_on), verified, the result recorded
+    for `gpunode check`. With --local: built with THIS machine's engine (or --docker-url's) unless
+    its content tag exists, nothing else.
+    """
+    _stage_or_local("image", path, local, {"--host": host, "--docker-url": docker_url, "--force": force},
+                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose)
     chosen = _one_host(path, host)
-    from gpunode.engine import EngineUnreachable, forward
+    from gpunode.derive import aot_plan
+    from gpunode.engine import EngineUnreachable
     from gpunode.image import BuildError, build
-    from gpunode.plan import aot_plan
 
     try:
-        if docker_url or chosen.image.build_on == "local":
-            result = build(chosen.image, docker_url, _err(), force=force, aot=aot_plan(chosen))
-        else:
-            with forward(chosen.container.reach) as fw:
-                result = build(chosen.image, fw.docker_url, _err(), force=force, aot=aot_plan(chosen))
-    except (BuildError, EngineUnreachable) as exc:
+        result = build(chosen.image, docker_url, _err(), force=force, aot=aot_plan(chosen))
+    except EngineUnreachable as exc:
+        _die(3, [str(exc)])
+    except BuildError as exc:
         _die(1, [str(exc)])
     typer.echo(f"{result.tag} ({'built in %.0f s' % result.seconds if result.built else 'present, not rebuilt'})")
+
+
+_with_codes(image_build, STAGE_CODES, "image build --local")
 
 
 @image_app.command("verify")
@@ -414,17 +540,19 @@ def image_verify(
     docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="engine holding the image")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
 ) -> None:
-    """Check inside the image, without a GPU: pins, CUDA 12.8, nvcc (and that it compiles for the GPUs'
-    arch), patches, sm_120 kernels, the FlashInfer modules built ahead of time (those the host file's
-    profile asks for, else those the image records), and the server's flags through sglang's own
-    parser. Exit 0 all pass, 1 a finding failed, 2 bad input."""
+    """Check inside the image, without a GPU.
+
+    Pins, the toolchain's CUDA, nvcc (and that it compiles for the GPUs' arch), patches, sm_120
+    kernels, the FlashInfer modules built ahead of time (those the host file's profile asks for,
+    else those the image records), and the server's flags through sglang's own parser (the host
+    file's launch, else the profile of the image's own stack).
+    """
+    from gpunode.derive import aot_plan, server_launch
     from gpunode.image import VerifyError, verify
-    from gpunode.image.__main__ import default_launch_argv
-    from gpunode.plan import aot_plan, server_launch
 
     chosen = _one_host(path, host) if path else None
-    argv = list(server_launch(chosen).argv) if chosen else default_launch_argv()
     try:
+        argv = list(server_launch(chosen).argv) if chosen else _stack_launch_argv(tag, docker_url)
         report = verify(tag, argv, docker_url, aot=aot_plan(chosen) if chosen else None)
     except VerifyError as exc:
         _die(1, [str(exc)])
@@ -434,6 +562,30 @@ def image_verify(
         for finding in report.findings:
             typer.echo(f"{'OK  ' if finding.ok else 'FAIL'} {finding.name}: {finding.detail}")
     raise typer.Exit(0 if report.ok else 1)
+
+
+_with_codes(image_verify, "image verify")
+
+
+def _stack_launch_argv(tag: str, docker_url: str | None) -> list[str]:
+    """The launch of the profile of the image's own stack (its org.gpunode.stack label; an image
+    without one is the default stack's), with placeholder values: verify without a host file."""
+    import docker
+
+    from gpunode import profiles, stacks
+    from gpunode.engine import docker_client
+    from gpunode.image.context import LABEL_PREFIX
+    from gpunode.image.verify import VerifyError
+
+    try:
+        labels = docker_client(docker_url).images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        raise VerifyError(f"no image {tag} on the engine") from None
+    except docker.errors.DockerException as exc:
+        raise VerifyError(f"the engine cannot be reached: {exc}") from None
+    profile = profiles.load(stacks.load(labels.get(f"{LABEL_PREFIX}.stack", stacks.DEFAULT)).profile)
+    values = {"model_dir": "/model", "served_name": profile.served_name, "bind": "127.0.0.1", "port": "30000"}
+    return list(profiles.resolve(profile, values, {}, {}).argv)
 
 
 @app.command()
@@ -453,15 +605,12 @@ def bench(
     docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine (default: "
                                                       "the node's, over SSH)")] = None,
 ) -> None:
-    """Sweep sglang.bench_serving over concurrency levels against the node's server; write a report,
-    plots and a comparison; --ab puts backends side by side. The bench runs where the server does: in
+    """Sweep sglang.bench_serving over concurrency levels against the node's server.
+
+    Writes a report, plots and a comparison; --ab puts backends (or stacks) side by side. The bench runs where the server does: in
     a container from the server's image on the node's engine (over SSH), on the node's network.
     GPU power is sampled through NVML when gpunode runs on the node itself (host file ssh.connection:
-    local); elsewhere the report says the node's GPUs were not sampled.
-
-    Exit codes: 0 ok, 1 failed requests or a level >10 % worse than the baseline, 2 bad input,
-    4 the bench could not run (the node or its engine unreachable).
-    """
+    local); elsewhere the report says the node's GPUs were not sampled."""
     chosen = _one_host(path, host)
     try:
         level_list = [int(v) for v in levels.split(",")] if levels else None
@@ -471,17 +620,17 @@ def bench(
     from gpunode.bench.command import bench as run_bench
     from gpunode.bench.restart import serve_restart
     from gpunode.bench.sampler import UnavailableSampler
+    from gpunode.derive import derive
     from gpunode.engine import EngineUnreachable, docker_client, forward
-    from gpunode.plan import server_image, server_launch
+    from gpunode.handoff import HandoffError
     from gpunode.serve.command import probe_address
-    from gpunode.serve.docker_run import ServeError
+    from gpunode.serve.stage import node_settings
     from gpunode.smoke.bench import DockerBenchRunner
-    from gpunode.stagerun import node_serve_settings
+    from gpunode.stage import Target
 
     defaults = profile_defaults(chosen.profile_name)
-    tag = server_image(chosen)
-    argv = list(server_launch(chosen).argv)
-    tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+    derived = derive(chosen)
+    tag, tp = derived.server_image, derived.tp_size
     api_key = chosen.server.api_key.resolve() if chosen.server.api_key else None
     # The bench container runs on the node's network: it reaches the server where the node does.
     target = f"http://{probe_address(chosen.server.bind)}:{chosen.server.port}"
@@ -493,7 +642,8 @@ def bench(
 
     def sweep(engine_url: str) -> int:
         runner = DockerBenchRunner(docker_client(engine_url), tag, str(chosen.model.path), server_url=target)
-        restart = serve_restart(chosen, tag, engine_url, _err(), **node_serve_settings(chosen, engine_url)[0]) if ab else None
+        settings = node_settings(Target(chosen, derived), engine_url)[0] if ab else {}
+        restart = serve_restart(chosen, tag, engine_url, _err(), **settings) if ab else None
         return run_bench(target, chosen.served_name, level_list or defaults[0], input_len or defaults[1],
                          output_len or defaults[2], runner, sampler, restart, ab, baseline, out_dir,
                          api_key=api_key, tp_size=tp, p2p_json=p2p_json, range_ratio=range_ratio)
@@ -503,8 +653,10 @@ def bench(
             raise typer.Exit(sweep(docker_url))
         with forward(chosen.container.reach) as fw:
             code = sweep(fw.docker_url)
-    except (EngineUnreachable, ServeError) as exc:
-        _die(4, [str(exc)])
+    except EngineUnreachable as exc:
+        _die(3, [str(exc)])
+    except HandoffError as exc:
+        _die(4, [f"the bench cannot restart the server: {exc}"])
     raise typer.Exit(code)
 
 
@@ -545,6 +697,11 @@ def lab_status() -> None:
     from gpunode import lab
 
     typer.echo(json.dumps(lab.status(), indent=2, default=str))
+
+
+for _command, _key in ((validate, "validate"), (plan, "plan"), (check, "check"), (diagnose, "diagnose"), (bench, "bench"),
+                       (lab_up, "lab up / down"), (lab_down, "lab up / down")):
+    _with_codes(_command, _key)
 
 
 def main() -> None:

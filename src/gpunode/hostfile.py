@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpunode import profiles
+from gpunode.nvidia import MIN_DRIVER_SM120
 from gpunode import stacks
 from gpunode.yamlsource import SourceError, YamlSource, format_path, load_yaml
 
@@ -33,7 +34,6 @@ DRIVER_RE = r"^\d{3}\.\d{1,3}(\.\d{1,3})?$"
 SHA256_RE = r"^[0-9a-f]{64}$"
 FINGERPRINT_RE = r"^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$"
 PIN_RE = r"^\d+(\.\d+)*$"
-MIN_DRIVER_SM120 = 570
 
 
 class Strict(BaseModel):

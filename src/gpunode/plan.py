@@ -1,4 +1,5 @@
-"""What ``gpunode provision`` would do, computed from the host file alone (nothing is contacted)."""
+"""What ``gpunode provision`` would do, shown from the host file and its derived values
+(gpunode.derive) alone: nothing is contacted."""
 
 from __future__ import annotations
 
@@ -6,92 +7,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpunode import profiles
-from gpunode.handoff import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
-from gpunode.hostfile import Container, Host, HostFile, Image
-from gpunode import stacks
-from gpunode.image import aot, bases
-from gpunode.image.aot import AotPlan
+from gpunode import profiles, stacks
+from gpunode.derive import Derived, container_config, derive, dev_entries
+from gpunode.hostfile import Host, HostFile
+from gpunode.image import bases
+from gpunode.nvidia import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
 from gpunode.serve.spec import CONTAINER_NAME, JIT_CACHE_MOUNT, jit_cache_volume
 from gpunode.stages import STAGES
-
-# Device nodes every GPU container needs besides one /dev/nvidiaN per GPU (FIELD-NOTES s2).
-CONTROL_NODES: tuple[tuple[str, str], ...] = (
-    ("/dev/nvidiactl", "always"),
-    ("/dev/nvidia-uvm", "always"),
-    ("/dev/nvidia-uvm-tools", "always"),
-    ("/dev/nvidia-modeset", "if present on the host"),
-)
-DEV_MODE = "0666"  # what the NVIDIA driver itself gives these nodes on the host
-
-
-@dataclass(frozen=True)
-class DevEntry:
-    key: str
-    path: str
-    when: str
-
-    @property
-    def value(self) -> str:
-        return f"{self.path},mode={DEV_MODE}"
-
-
-def dev_entries(container: Container) -> list[DevEntry]:
-    """The devN lines for a container, in the order the container stage writes them.
-
-    With ``gpus: all`` the GPU lines are found on the host at run time; the plan shows the rule.
-    """
-    paths: list[tuple[str, str]] = []
-    if container.gpus == "all":
-        paths.append(("/dev/nvidia<N>", "one per /dev/nvidiaN found on the host"))
-    else:
-        paths.extend((f"/dev/nvidia{minor}", "always") for minor in container.gpus)
-    paths.extend(CONTROL_NODES)
-    if container.mig:
-        paths.append(("/dev/nvidia-caps/<each>", "one per MIG capability node on the host"))
-    return [DevEntry(f"dev{index}", path, when) for index, (path, when) in enumerate(paths)]
-
-
-def net0(container: Container) -> str:
-    net = container.network
-    value = f"name=eth0,bridge={net.bridge},ip={net.ip}"
-    if net.gateway:
-        value += f",gw={net.gateway}"
-    if net.vlan:
-        value += f",tag={net.vlan}"
-    return value
-
-
-def container_config(container: Container, host_name: str, with_devices: bool = True) -> dict[str, Any]:
-    """The Proxmox config the container stage converges to (POST /nodes/{node}/lxc parameters).
-
-    Without devices, it is what the container stage is given: the devN lines come from the nodes
-    it finds on the host. ``tags`` and ``description`` carry gpunode's mark (README "What gpunode
-    owns"); they are compared by inclusion, so an operator's own tags and notes stay.
-    """
-    from gpunode.pve.lxc import OWNER_TAG, mark_line
-
-    config: dict[str, Any] = {
-        "vmid": container.vmid,
-        "hostname": container.hostname,
-        "ostemplate": container.template,
-        "rootfs": f"{container.storage}:{container.disk_gb}",
-        "cores": container.cores,
-        "memory": container.memory_gb * 1024,
-        "swap": container.swap_mb,
-        "net0": net0(container),
-        # nesting + keyctl: Docker runs inside the container (FIELD-NOTES s3).
-        "features": "nesting=1,keyctl=1",
-        "unprivileged": int(container.unprivileged),
-        "onboot": int(container.onboot),
-        "tags": OWNER_TAG,
-        "description": mark_line(host_name),
-    }
-    if with_devices:
-        for entry in dev_entries(container):
-            config[entry.key] = entry.value
-    return config
-
 
 def host_changes(host: Host) -> list[str]:
     prep = host.prepare
@@ -144,27 +66,7 @@ def handoff(host: Host) -> dict[str, Any]:
                        "else the same list as --device and read-only mounts (Debian 12's Docker 20.10)"]}
 
 
-def aot_plan(host: Host) -> AotPlan:
-    """The FlashInfer modules the image builds ahead of time: the profile's launch on the host
-    file's GPUs, as far as the image's toolchain allows."""
-    stack = stacks.load(host.image.stack)
-    wanted = aot.profile_modules(stack, profiles.load(host.profile_name), host.server.flags)
-    toolchain = bases.toolchain_for(host.image.base_name, host.image.toolchain, stack.toolchain)
-    arch = aot.gpu_arch(host.image.gpu_model)
-    arch = aot.GpuArch(arch.model, stack.cuda_arch(arch.cuda_arch))
-    return aot.plan_for(arch, wanted, host.image.flashinfer_aot, toolchain is not None,
-                        host.image.base_name)
-
-
-def image_tag(host: Host, planned: AotPlan | None = None) -> str:
-    """The image's content tag: one definition, gpunode.image's (base, pins, lock, patches, template,
-    toolchain, the modules built ahead of time: ``planned`` when already computed)."""
-    from gpunode.image.context import image_tag as content_tag
-
-    return content_tag(host.image, aot=planned or aot_plan(host))
-
-
-def image_section(host: Host) -> dict[str, Any]:
+def image_section(host: Host, derived: Derived | None = None) -> dict[str, Any]:
     """The image as plan shows it: base and digest status, toolchain, target arch, the FlashInfer
     modules built ahead of time (and what is left to the JIT), the JIT cache volume."""
     image = host.image
@@ -186,9 +88,10 @@ def image_section(host: Host) -> dict[str, Any]:
         toolchain_text = f"{toolchain.name}: CUDA {toolchain.cuda} at {toolchain.cuda_home} ({toolchain.source})"
         if toolchain.lab_only:
             toolchain_text += f". LAB STAND-IN: {toolchain.why}"
-    planned = aot_plan(host)
+    derived = derived or derive(host)
+    planned = derived.aot
     built = {m.name for m in planned.modules}
-    tag = image_tag(host, planned)
+    tag = derived.image_tag
     return {
         "tag": tag, "stack": stack.name, "stack_why": stack.why, "stack_cuda": stack.cuda,
         "stack_driver_min": stack.driver_min, "profile": host.profile_name,
@@ -201,41 +104,9 @@ def image_section(host: Host) -> dict[str, Any]:
         "jit_only": [{"what": item.what, "why": item.why} for item in stack.not_prebuilt],
         "jit_cache_volume": f"{jit_cache_volume(CONTAINER_NAME)} at {JIT_CACHE_MOUNT} (FlashInfer's workspace: "
                             "what is compiled at run time survives a container restart)",
-        "build_on": image.build_on, "pins": image.pinned(), "server_image": server_image(host, tag),
+        "build_on": image.build_on, "pins": image.pinned(), "server_image": derived.server_image,
         "lab_stand_in": image.lab_stand_in,
     }
-
-
-def server_image(host: Host, tag: str | None = None) -> str:
-    """What the server container runs: the content-tagged image (``tag`` when already computed), or
-    in a lab with a stand-in the fake server's image (its tag hashes the fake's files)."""
-    if host.image.lab_stand_in:
-        from gpunode.lab.image import fake_tag
-
-        return fake_tag()
-    return tag or image_tag(host)
-
-
-def server_launch(host: Host) -> profiles.Launch:
-    profile = profiles.load(host.profile_name)
-    values = {
-        "model_dir": "/model",
-        "served_name": host.served_name,
-        "bind": host.server.bind,
-        "port": str(host.server.port),
-    }
-    launch = profiles.resolve(profile, values, dict(host.server.flags), dict(host.server.env))
-    if host.server.api_key is not None:
-        # The key itself is read on the node at start; the plan never holds it.
-        launch = profiles.Launch(launch.argv + ("--api-key", "<from " + host.server.api_key.describe() + ">"),
-                                 launch.env, {**launch.reasons, "--api-key": "required when bound beyond loopback"})
-    if host.image.lab_stand_in:
-        # The stand-in parses the launch with the flags of the stack's sglang (gpunode/lab/standin/sglang_server.py).
-        version = host.image.pinned()["sglang"]
-        launch = profiles.Launch(launch.argv, {**launch.env, "FAKE_SGLANG_VERSION": version},
-                                 {**launch.reasons, "FAKE_SGLANG_VERSION": f"lab: the stand-in server takes sglang "
-                                  f"{version}'s flags, as the stack's server would"})
-    return launch
 
 
 @dataclass
@@ -253,7 +124,7 @@ class HostPlan:
     image: dict[str, Any]
     server: dict[str, Any]
     stages: list[dict[str, Any]] = field(default_factory=list)
-    # Filled only by `plan --live`: whose container the vmid is (gpunode.pve.live.Ownership).
+    # Filled only by `plan --live`: whose container the vmid is (gpunode.container.live.Ownership).
     ownership: dict[str, Any] | None = None
 
 
@@ -272,7 +143,8 @@ def plan_host(host: Host) -> HostPlan:
         )
     if not host.api.tls.verify:
         warnings.append("TLS verification of the Proxmox API is OFF: anyone on the path can read the credentials")
-    launch = server_launch(host)
+    derived = derive(host)
+    launch = derived.launch
     profile = profiles.load(host.profile_name)
     gpus = host.container.gpus
     if isinstance(gpus, list) and len(gpus) != profile.gpus:
@@ -292,11 +164,11 @@ def plan_host(host: Host) -> HostPlan:
         container=container_config(host.container, host.name),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
         handoff=handoff(host),
-        image=image_section(host),
+        image=image_section(host, derived),
         server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
-        stages=[{"name": s.name, "built": s.built, "summary": s.summary, "checks": list(s.checks)} for s in STAGES],
+        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES],
     )
 
 

@@ -73,9 +73,7 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
 
         table = Table(title="stages and checks", show_lines=False)
         table.add_column("stage")
-        table.add_column("built")
         table.add_column("does / checks")
         for stage in plan.stages:
-            table.add_row(stage["name"], "yes" if stage["built"] else "not yet",
-                          stage["summary"] + "".join(f"\n  - {check}" for check in stage["checks"]))
+            table.add_row(stage["name"], stage["summary"] + "".join(f"\n  - {check}" for check in stage["checks"]))
         console.print(table)

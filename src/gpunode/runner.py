@@ -25,17 +25,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpunode import inventory
+from gpunode import exitcodes, inventory
 from gpunode.hostfile import HostFile
 from gpunode.paths import ANSIBLE_CFG, COLLECTIONS_PATH, PLAYBOOKS, state_dir
 
-# Exit codes (README "Exit codes").
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNREACHABLE = 3
-EXIT_ENVIRONMENT = 4
-EXIT_INTERRUPTED = 130
+# Exit codes: gpunode.exitcodes (README "Exit codes").
+EXIT_OK = exitcodes.OK
+EXIT_FAILED = exitcodes.FAILED
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_UNREACHABLE = exitcodes.UNREACHABLE
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED
 
 
 @dataclass
@@ -237,7 +237,6 @@ def provision(
     secrets: inventory.SecretFiles | None = None,
     extravars: dict[str, Any] | None = None,
     vault_password_file: Path | None = None,
-    source: Path | None = None,
     adopt: bool = False,
 ) -> RunSummary:
     """Run the selected stages of playbooks/provision.yml; return the recap from runner stats.
@@ -250,7 +249,7 @@ def provision(
     console = console or Console(stderr=True)
     common: dict[str, Any] = dict(limit=limit, verbosity=verbosity, console=console, secrets=secrets,
                                   extravars={**(extravars or {}), "gpunode_adopt": adopt},
-                                  vault_password_file=vault_password_file, source=source)
+                                  vault_password_file=vault_password_file)
     if adopt and not check:
         console.print("adopt: what taking the container over changes (check mode, nothing written yet):",
                       markup=False)
@@ -272,7 +271,6 @@ def _run(
     secrets: inventory.SecretFiles | None,
     extravars: dict[str, Any],
     vault_password_file: Path | None,
-    source: Path | None,
 ) -> RunSummary:
     """One ansible-runner run of the selected stages."""
     import ansible_runner  # heavy: imported only when a run happens
@@ -284,7 +282,7 @@ def _run(
     logs.mkdir(parents=True, exist_ok=True)
     ident = dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     # Written fresh each run: the inventory holds names of secrets, never their values.
-    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets, source), indent=2))
+    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
     log_path = logs / f"provision-{ident}.log"
 
     cmdline = []

@@ -1,10 +1,11 @@
-"""The provision stages, in order. Each is one play in playbooks/provision.yml, tagged by name."""
+"""The provision stages, in order. One name per stage: the play (playbooks/stages/<name>.yml, tagged
+<name>), the role (gpunode.core.<name>), the package (gpunode.<name>), the check layer
+(checks/test_<name>.py) and the CLI verb all carry it (ARCHITECTURE.md; tests/unit/test_stages.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode.paths import PLAYBOOKS
 
 
 @dataclass(frozen=True)
@@ -12,11 +13,6 @@ class Stage:
     name: str
     summary: str
     checks: tuple[str, ...]
-
-    @property
-    def built(self) -> bool:
-        """A stage exists once its play file does; later issues add theirs."""
-        return (PLAYBOOKS / "stages" / f"{self.name}.yml").is_file()
 
 
 STAGES: tuple[Stage, ...] = (
@@ -69,10 +65,6 @@ STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke")
 def lab_leaves_out(stand_in: bool) -> dict[str, str]:
     """The stages a lab run leaves out, with why; fewer when the lab has a stand-in server."""
     return {name: why for name, why in LAB_LEAVES_OUT.items() if not (stand_in and name in STAND_IN_RUNS)}
-
-
-def built_stages() -> list[str]:
-    return [stage.name for stage in STAGES if stage.built]
 
 
 def select(tags: list[str] | None, start: str | None) -> list[str]:

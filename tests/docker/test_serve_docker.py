@@ -17,6 +17,7 @@ from rich.console import Console
 
 from gpunode import hostfile
 from gpunode.hostfile import Host
+from gpunode import handoff
 from gpunode.serve import docker_run
 from gpunode.serve import spec as specs
 from gpunode.serve.command import ServeOutcome, run_serve
@@ -32,7 +33,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.
 QUICK = {"FAKE_SGLANG_LOAD_S": "0.3", "FAKE_SGLANG_AUTOTUNE_S": "0.1", "FAKE_SGLANG_WARMUP_S": "0.3"}
 
 
-def gpu_nodes(root: Path) -> specs.GpuHandoff:
+def gpu_nodes(root: Path) -> handoff.GpuHandoff:
     """Character devices with the NVIDIA numbers, handed in one by one (Docker has no NVIDIA runtime here)."""
     dev = root / "dev"
     dev.mkdir()
@@ -42,7 +43,7 @@ def gpu_nodes(root: Path) -> specs.GpuHandoff:
             os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     except PermissionError:
         pytest.skip("mknod needs root")
-    return specs.GpuHandoff.device_nodes([str(dev / name) for name in numbers], str(dev))
+    return handoff.GpuHandoff.device_nodes([str(dev / name) for name in numbers], str(dev))
 
 
 def lab_host(root: Path, **server: Any) -> Host:
@@ -63,7 +64,7 @@ def _memlock(memlock_bytes: int) -> None:
     MEMLOCK["bytes"] = memlock_bytes
 
 
-def start(host: Host, image: str, name: str, handoff: specs.GpuHandoff, timeout_s: float = 60,
+def start(host: Host, image: str, name: str, handoff: handoff.GpuHandoff, timeout_s: float = 60,
           memlock: int | None = None, engine_is_local: bool | None = None) -> tuple[ServeOutcome, str]:
     console = Console(file=io.StringIO(), width=200)
     outcome = run_serve(host, image, None, console, timeout_s, gpu_handoff=handoff, name=name,

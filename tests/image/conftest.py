@@ -14,7 +14,7 @@ from rich.console import Console
 
 import yaml
 
-from gpunode import plan
+from gpunode import derive
 from gpunode.hostfile import Host, Image, load
 from gpunode.image import BuildResult, build
 
@@ -85,7 +85,7 @@ def current_built(engine: docker.DockerClient, current_host: Host) -> BuildResul
     """The current stack's image as the lab host file asks for it, with CI's modules: built once (the
     ~11 GB install layer is minutes cold), kept as the next run's cache."""
     return build(current_host.image, None, Console(stderr=True, force_terminal=False, width=160),
-                 aot=plan.aot_plan(current_host))
+                 aot=derive.aot_plan(current_host))
 
 
 def parent_chain(client: docker.DockerClient, image_id: str) -> list[str]:

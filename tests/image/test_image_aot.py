@@ -17,7 +17,7 @@ import docker
 import pytest
 from rich.console import Console
 
-from gpunode import plan, profiles, stacks
+from gpunode import derive, profiles, stacks
 from gpunode.hostfile import Host, load
 from gpunode.image import BuildResult, VerifyReport, build, verify
 from gpunode.image.aot import AotPlan, modules_json, profile_modules
@@ -37,7 +37,7 @@ def aot_host(tmp_path_factory: pytest.TempPathFactory, make_lab_host: Callable[.
 
 @pytest.fixture(scope="module")
 def aot_plan(aot_host: Host) -> AotPlan:
-    return plan.aot_plan(aot_host)
+    return derive.aot_plan(aot_host)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def aot_built(built: BuildResult, aot_host: Host, aot_plan: AotPlan) -> BuildRes
 @pytest.fixture(scope="module")
 def aot_report(aot_built: BuildResult, aot_host: Host, aot_plan: AotPlan) -> VerifyReport:
     # The library scan (torch's 1 GB) is the main image's test; here the toolchain and the module.
-    return verify(aot_built.tag, list(plan.server_launch(aot_host).argv), None, aot=aot_plan, kernels=False)
+    return verify(aot_built.tag, list(derive.server_launch(aot_host).argv), None, aot=aot_plan, kernels=False)
 
 
 def test_the_variant_plans_one_module_of_the_profile_for_12_0a(aot_plan: AotPlan) -> None:
@@ -86,7 +86,7 @@ def test_the_labels_record_what_verify_checks(aot_built: BuildResult, engine: do
 
 
 def test_verify_by_tag_alone_reads_the_modules_from_the_labels(aot_built: BuildResult, aot_host: Host) -> None:
-    report = verify(aot_built.tag, list(plan.server_launch(aot_host).argv), None, kernels=False)
+    report = verify(aot_built.tag, list(derive.server_launch(aot_host).argv), None, kernels=False)
     assert [f.name for f in report.findings if f.name.startswith("flashinfer aot")] == [f"flashinfer aot {MLA}"]
     assert report.ok
 
@@ -96,7 +96,7 @@ def test_a_module_missing_from_the_aot_directory_fails_verify(aot_built: BuildRe
     """Asked for a module it was not built with, verify says it is not in FlashInfer's AOT directory
     (a launch with JIT disabled would fail there)."""
     other = make_lab_host(tmp_path, toolchain="pypi-cuda-13.0", flashinfer_aot=["fp4_quantization_120"])
-    report = verify(aot_built.tag, list(plan.server_launch(other).argv), None, aot=plan.aot_plan(other), kernels=False)
+    report = verify(aot_built.tag, list(derive.server_launch(other).argv), None, aot=derive.aot_plan(other), kernels=False)
     missing = next(f for f in report.findings if f.name == "flashinfer aot fp4_quantization_120")
     assert not missing.ok and "not in FlashInfer's AOT directory" in missing.detail
 

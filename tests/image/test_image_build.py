@@ -19,7 +19,7 @@ from gpunode.hostfile import Image, ImagePins, load
 from gpunode.image import BuildError, BuildResult, Finding, VerifyReport, build, image_tag, verify
 from gpunode.image.context import LABEL_PREFIX, images_dir
 from gpunode.image.verify import TARGET_ARCH
-from gpunode.plan import server_launch
+from gpunode.derive import server_launch
 
 pytestmark = pytest.mark.image
 
@@ -169,13 +169,14 @@ def test_image_layer_pin_checks_read_the_built_image(built: BuildResult, image_s
     from gpunode.checks import test_image as image_layer
 
     here = testinfra.get_host("local://")
-    hostvars = {"gpunode_server_image": built.tag, "gpunode_image_stand_in": None,
-                "gpunode_image_pins": image_spec.pinned()}
+    # The inventory's gpunode_host and gpunode_derived, as far as the image layer reads them.
+    host = {"image": {"lab_stand_in": None}}
+    derived = {"server_image": built.tag, "pins": image_spec.pinned()}
     for pin in image_spec.pinned():
-        image_layer.test_image_pin_matches(pin, here, hostvars)
-    other = {**hostvars, "gpunode_image_pins": {**hostvars["gpunode_image_pins"], "sglang": "0.5.10"}}
+        image_layer.test_image_pin_matches(pin, here, host, derived)
+    other = {**derived, "pins": {**derived["pins"], "sglang": "0.5.10"}}
     with pytest.raises(AssertionError, match=r"the image has sglang 0\.5\.9, the host file pins 0\.5\.10"):
-        image_layer.test_image_pin_matches("sglang", here, other)
-    gone = {**hostvars, "gpunode_server_image": built.tag + "-absent"}
+        image_layer.test_image_pin_matches("sglang", here, host, other)
+    gone = {**derived, "server_image": built.tag + "-absent"}
     with pytest.raises(pytest.fail.Exception, match="is not on the node's engine"):
         image_layer.test_server_image_present(here, gone)

@@ -15,7 +15,7 @@ LAB = ROOT / "inventory" / "lab" / "host.yml"
 
 
 def test_build_is_a_no_op_when_the_tag_exists(gpunode, built: BuildResult) -> None:
-    result = gpunode("image", "build", str(LAB), timeout=120)
+    result = gpunode("image", "build", str(LAB), "--local", timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{built.tag} (present, not rebuilt)"
 

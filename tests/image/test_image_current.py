@@ -13,7 +13,7 @@ import sys
 import docker
 import pytest
 
-from gpunode import plan, profiles, stacks
+from gpunode import derive, profiles, stacks
 from gpunode.hostfile import Host
 from gpunode.image import BuildResult, VerifyReport, verify
 from gpunode.image.aot import modules_json, profile_modules
@@ -27,8 +27,8 @@ FAKES = STANDIN  # the stand-in server the lab ships
 
 @pytest.fixture(scope="module")
 def report(current_built: BuildResult, current_host: Host) -> VerifyReport:
-    return verify(current_built.tag, list(plan.server_launch(current_host).argv), None,
-                  aot=plan.aot_plan(current_host), kernels=True)
+    return verify(current_built.tag, list(derive.server_launch(current_host).argv), None,
+                  aot=derive.aot_plan(current_host), kernels=True)
 
 
 def test_verify_passes_on_the_current_stack(report: VerifyReport) -> None:

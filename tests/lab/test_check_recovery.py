@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import gpunode.lab as lab
-from gpunode import stagerun
+from gpunode.p2p import stage as p2p_stage
 from gpunode.lab import kernels as labkernels
 from gpunode.lab.image import fake_tag
-from gpunode.pve.client import Connection, PveClient
+from gpunode.container.client import Connection, PveClient
 from gpunode.serve.spec import CONTAINER_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,13 +102,13 @@ SCENARIOS: list[tuple[str, Callable[[], None], str, str]] = [
     ("devn-removed", remove_devn, "container", "test_container_config_matches[devices]"),
     ("driver-mount-removed", remove_driver_mount, "container", "test_container_config_matches[driver mount]"),
     ("hmm-option-removed", remove_hmm_option, "host", "test_hmm_option_configured"),
-    ("docker-stopped", stop_docker, "inside", "test_docker_running"),
-    ("probe-image-removed", remove_probe_image, "inside", "test_gpu_handoff_to_docker"),
-    ("node-record-edited", edit_node_record, "inside", "test_node_record_matches"),
+    ("docker-stopped", stop_docker, "node", "test_docker_running"),
+    ("probe-image-removed", remove_probe_image, "node", "test_gpu_handoff_to_docker"),
+    ("node-record-edited", edit_node_record, "node", "test_node_record_matches"),
     ("node-unit-disabled", disable_node_unit, "host", "test_device_node_unit_enabled"),
     ("gpus-back-on-vfio", hand_gpus_back_to_vfio, "host", "test_no_nvidia_ids_left_for_vfio"),
     ("image-removed", remove_server_image, "image", "test_server_image_present"),
-    ("server-container-killed", kill_server_container, "server", "test_server_container_running"),
+    ("server-container-killed", kill_server_container, "serve", "test_server_container_running"),
     ("image-record-says-verify-failed", record_failed_verify, "image", "test_image_verified"),
 ]
 
@@ -209,13 +209,13 @@ def test_p2p_verdict_is_read_from_the_node_record(gpunode, converged: None) -> N
         rc, report = check(gpunode, "p2p")
         [result] = report["results"]
         assert rc == 0 and result["status"] == "skip" and "never measured here" in result["message"]
-        rc, report = write(stagerun.p2p_record([0, 1], 0, verdict))
+        rc, report = write(p2p_stage.record([0, 1], 0, verdict))
         assert rc == 0 and report["results"][0]["status"] == "pass"
-        rc, report = write(stagerun.p2p_record([0], 0, verdict))
+        rc, report = write(p2p_stage.record([0], 0, verdict))
         assert rc == 1 and "measured with GPUs [0], the host file selects [0, 1]" in report["results"][0]["message"]
         failing = {**verdict, "findings": verdict["findings"] + [
             {"severity": "fail", "code": "p2p-unavailable", "subject": "GPU0->GPU1", "message": "P2P read not supported"}]}
-        rc, report = write(stagerun.p2p_record([0, 1], 1, failing))
+        rc, report = write(p2p_stage.record([0, 1], 1, failing))
         message = report["results"][0]["message"]
         assert rc == 1 and "GPU0->GPU1 p2p-unavailable: P2P read not supported" in message
         assert "gpunode provision --tags p2p" in message
@@ -244,15 +244,15 @@ def upgrade_host_driver(old: str, new: str) -> None:
 def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp_path: Path) -> None:
     hosts = tmp_path / "host.yml"
     hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', f'version: "{NEW_DRIVER}"'))
-    rc, healthy = check(gpunode, "host", "container", "inside")
+    rc, healthy = check(gpunode, "host", "container", "node")
     assert rc == 0, failing(healthy)
     upgrade_host_driver("580.159.04", NEW_DRIVER)
     try:
-        rc, broken = check(gpunode, "host", "container", "inside", hosts=hosts)
+        rc, broken = check(gpunode, "host", "container", "node", hosts=hosts)
         assert rc == 1
         assert {("host", "test_driver_tree_built_for_the_loaded_driver"),
                 ("container", "test_container_config_matches[driver mount]"),
-                ("inside", "test_driver_tree_is_the_host_modules")} <= failing(broken), failing(broken)
+                ("node", "test_driver_tree_is_the_host_modules")} <= failing(broken), failing(broken)
         # Without a restart the new mount point waits, and the node stage names the stale mount.
         stale = gpunode("provision", str(hosts), "--tags", "host,container,node", "--json", timeout=900)
         assert stale.returncode == 1
@@ -263,7 +263,7 @@ def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp
         assert trees == ["580.159.04", NEW_DRIVER], "the old tree stays while the container still mounts it"
         repaired = gpunode("provision", str(hosts), "--tags", "host,container,node", "--restart-container", timeout=900)
         assert repaired.returncode == 0, repaired.stderr
-        rc, after = check(gpunode, "host", "container", "inside", hosts=hosts)
+        rc, after = check(gpunode, "host", "container", "node", hosts=hosts)
         assert rc == 0, failing(after)
         assert on(lab.HOST_CONTAINER_IP, "ls /var/lib/gpunode/nvidia").stdout.split() == [NEW_DRIVER]
         assert f"Driver Version: {NEW_DRIVER}" in on(lab.CONTAINER_IP, "/usr/local/nvidia/bin/nvidia-smi").stdout

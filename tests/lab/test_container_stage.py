@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import gpunode.lab as lab
-from gpunode.pve.client import Connection, PveClient
+from gpunode.container.client import Connection, PveClient
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

@@ -21,8 +21,8 @@ import pytest
 
 from gpunode import lab
 from gpunode.lab import pve as labpve
-from gpunode.pve.client import Connection, PveClient, PveError
-from gpunode.pve.lxc import Converger
+from gpunode.container.client import Connection, PveClient, PveError
+from gpunode.container.lxc import Converger
 
 pytestmark = pytest.mark.lab
 

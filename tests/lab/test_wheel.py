@@ -50,7 +50,7 @@ def test_validate_plan_diagnose_from_another_folder(installed: Path, tmp_path: P
     diagnosed = run(installed, "diagnose", str(OOM_LOG), tmp_path=tmp_path)
     assert diagnosed.returncode == 0 and diagnosed.stdout.startswith("cuda_oom:")
     # No GPU here: p2p runs and says so (exit 4, an environment finding), it does not crash.
-    p2p = run(installed, "p2p", "--json", tmp_path=tmp_path)
+    p2p = run(installed, "p2p", "--local", "--json", tmp_path=tmp_path)
     assert p2p.returncode == 4 and '"environment"' in p2p.stdout, p2p.stdout[-2000:] + p2p.stderr[-2000:]
 
 

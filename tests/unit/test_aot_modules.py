@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import plan, profiles, stacks
+from gpunode import derive, plan, profiles, stacks
 from gpunode.hostfile import HostFileError, load
 from gpunode.image import aot
 from gpunode.image.verify import aot_findings, judge, nvcc_compile_finding, sm_of
@@ -98,7 +98,7 @@ def edited(tmp_path: Path, old: str, new: str, source: str = "example") -> Path:
 
 def test_the_example_plans_every_module_for_12_0a_with_the_devel_base() -> None:
     host = load(ROOT / "inventory" / "example" / "host.yml").hosts[0]
-    planned = plan.aot_plan(host)
+    planned = derive.aot_plan(host)
     assert planned.arch.cuda_arch == "12.0a" and [m.name for m in planned.modules] == names({})
     section = plan.image_section(host)
     assert section["toolchain"].startswith("cuda-12.8: CUDA 12.8 at /usr/local/cuda")
@@ -108,7 +108,7 @@ def test_the_example_plans_every_module_for_12_0a_with_the_devel_base() -> None:
 
 def test_without_a_toolchain_nothing_is_built_and_the_plan_says_why() -> None:
     lab = load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
-    planned = plan.aot_plan(lab)
+    planned = derive.aot_plan(lab)
     assert planned.modules == () and len(planned.wanted) == 4
     assert "base debootstrap has no CUDA toolchain (nvcc)" in planned.note
     assert plan.image_section(lab)["toolchain"].startswith("none: base debootstrap has no nvcc")

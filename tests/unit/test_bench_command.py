@@ -379,7 +379,7 @@ def test_parse_ab_and_defaults() -> None:
 
 def test_production_restart_overrides_the_host_files_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     """``serve_restart``: run_serve with server.flags overridden; the URL from the host file."""
-    from gpunode import hostfile, plan
+    from gpunode import derive, hostfile
     from gpunode.bench import restart as restart_mod
     from gpunode.serve import command as serve_command
 
@@ -388,7 +388,7 @@ def test_production_restart_overrides_the_host_files_flags(monkeypatch: pytest.M
     seen: list[tuple[str, ...]] = []
 
     def fake_run_serve(target: Any, image_tag: str, docker_url: Any, console: Any, timeout_s: float) -> Any:
-        seen.append(plan.server_launch(target).argv)
+        seen.append(derive.server_launch(target).argv)
         fails = "--moe-runner-backend" in target.server.flags and target.server.flags["--moe-runner-backend"] == "bad"
         return serve_command.ServeOutcome(1 if fails else 0, messages=["the server exited"] if fails else [])
 

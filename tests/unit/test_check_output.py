@@ -17,7 +17,7 @@ LAB = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml"
 
 def report() -> CheckReport:
     return CheckReport([
-        CheckResult("server", "node", "test_server_healthy", "fail", "/health_generate answered 503 -> run x"),
+        CheckResult("serve", "node", "test_server_healthy", "fail", "/health_generate answered 503 -> run x"),
         CheckResult("host", "pve", "test_hmm_option_configured", "pass"),
         CheckResult("p2p", "node", "test_p2p_verdict", "skip", "lab: no GPU"),
         CheckResult("host", "pve", "test_host_finding[hmm]", "pending", "reload nvidia_uvm"),
@@ -28,7 +28,7 @@ def test_text_is_grouped_by_layer_in_build_order() -> None:
     out = io.StringIO()
     render(report(), Console(file=out, width=200, color_system=None))
     lines = out.getvalue().splitlines()
-    assert [line for line in lines if line in LAYERS] == ["host", "p2p", "server"]
+    assert [line for line in lines if line in LAYERS] == ["host", "p2p", "serve"]
     assert lines[1] == "  PASS pve  test_hmm_option_configured"
     assert lines[2] == "  PEND pve  test_host_finding[hmm]: reload nvidia_uvm"
     assert "  FAIL node  test_server_healthy: /health_generate answered 503 -> run x" in lines
@@ -38,7 +38,7 @@ def test_text_is_grouped_by_layer_in_build_order() -> None:
 def test_json_and_exit_code() -> None:
     data = json.loads(as_json(report()))
     assert data["exit_code"] == 1 and data["counts"] == {"pass": 1, "fail": 1, "pending": 1, "skip": 1, "unreachable": 0}
-    assert data["results"][0] == {"layer": "server", "host": "node", "check": "test_server_healthy",
+    assert data["results"][0] == {"layer": "serve", "host": "node", "check": "test_server_healthy",
                                   "status": "fail", "message": "/health_generate answered 503 -> run x"}
     passing = CheckReport([r for r in report().results if r.status != "fail"])
     assert passing.exit_code == 0, "pending and skipped checks do not fail the node"
@@ -47,8 +47,8 @@ def test_json_and_exit_code() -> None:
 def test_unknown_layer_is_bad_input(gpunode) -> None:
     result = gpunode("check", str(LAB), "--layer", "gpu")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, inside, image, p2p, "
-                                     "server)")
+    assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, node, image, p2p, "
+                                     "serve, smoke)")
 
 
 def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:

@@ -41,11 +41,16 @@ LXC_ARGS = {"node": "pve1", "password": "not-the-real-password", "config": {"vmi
             "control_nodes": ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]}
 
 
-def test_stage_module_names_a_host_missing_from_the_host_file(tmp_path: Path) -> None:
-    res = run_module("gpunode_stage", {"stage": "serve", "hostfile": str(ROOT / "inventory/lab/host.yml"),
-                                       "host": "pve-typo"}, tmp_path)
-    assert res["failed"] and res["msg"] == (f"host file {ROOT / 'inventory/lab/host.yml'}: no host named 'pve-typo' "
-                                            "(it has: pve-lab)")
+def test_stage_module_names_what_is_wrong_with_its_host_data(tmp_path: Path) -> None:
+    from gpunode import hostfile, inventory
+
+    lab = hostfile.load(ROOT / "inventory/lab/host.yml")
+    data = inventory.host_vars(lab.hosts[0], {})
+    data["gpunode_host"]["container"]["vmid"] = 5
+    res = run_module("gpunode_stage", {"stage": "serve", "host": data["gpunode_host"],
+                                       "derived": data["gpunode_derived"]}, tmp_path)
+    assert res["failed"] and res["msg"] == ("serve: the host data is not what this gpunode writes (Host): "
+                                            "container.vmid: Input should be greater than or equal to 100")
 
 
 def test_lxc_module_names_an_unreadable_keys_file(tmp_path: Path) -> None:

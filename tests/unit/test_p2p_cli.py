@@ -76,7 +76,7 @@ def test_without_a_driver_it_is_an_environment_problem() -> None:
 def test_help_lists_the_exit_codes() -> None:
     done = p2p("--help")
     assert done.returncode == 0
-    for code in ("0  pass", "1  fail", "2  bad input", "3  pass, but pair checks not applicable", "4  environment"):
+    for code in ("0  pass", "1  fail", "2  bad input", "4  environment", "5  pass, but pair checks not applicable"):
         assert code in done.stdout
 
 
@@ -125,11 +125,11 @@ def test_gpunode_p2p_takes_expectations_from_the_host_file(gpunode) -> None:
     from pathlib import Path
 
     lab = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml"
-    result = gpunode("p2p", str(lab), "--json")
+    result = gpunode("p2p", "--local", str(lab), "--json")
     assert result.returncode == 4, result.stderr
     import json
 
     data = json.loads(result.stdout)
     assert data["expectations"]["min_gpus"] == 2 and data["expectations"]["same_numa_gbps"] == 45.0
-    bad = gpunode("p2p", str(lab), "--host", "nope")
+    bad = gpunode("p2p", "--local", str(lab), "--host", "nope")
     assert bad.returncode == 2 and "name one host with --host (pve-lab)" in bad.stderr

@@ -163,7 +163,7 @@ def test_recorded_exit_codes() -> None:
 
 def test_recorded_text_report_shows_verdict_matrix_and_finding() -> None:
     text = (FIXTURES / "p2p.txt").read_text()
-    assert text.startswith("gpunode p2p: PASS (PAIRS NOT APPLICABLE) (exit 3)")
+    assert text.startswith("gpunode p2p: PASS (PAIRS NOT APPLICABLE) (exit 5)")
     assert "WARN vm-passthrough GPU0" in text and "INFO pairs-not-applicable" in text
     assert re.search(r"GPU0 │\s+X\s+│ 0-15\s+│ 0\s+│ N/A", text)
 
@@ -172,7 +172,7 @@ def test_rendering_the_recorded_result(result: report.CheckResult) -> None:
     out = io.StringIO()
     report.render_text(result, out)
     text = out.getvalue()
-    assert "exit 3:" in text and "pass-through" in text and "Gen5 x16" in text
+    assert "exit 5:" in text and "pass-through" in text and "Gen5 x16" in text
     assert result.measurements is not None and result.measurements.gpus[0].h2d is not None
     assert f"{result.measurements.gpus[0].h2d.median_gbps:.1f}" in text
 

@@ -249,5 +249,5 @@ def test_defaults_match_the_host_file_p2p_section() -> None:
 
 
 def test_exit_codes_are_documented() -> None:
-    assert sorted(verdict.EXIT_CODES) == [0, 1, 2, 3, 4]
+    assert sorted(verdict.EXIT_CODES) == [0, 1, 2, 4, 5]
     assert verdict.__doc__ and all(f"- {code} " in verdict.__doc__ for code in verdict.EXIT_CODES)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import hostfile, plan, profiles, stages
+from gpunode import derive, hostfile, plan, profiles, stages
 from gpunode.paths import PLAYBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def example() -> hostfile.HostFile:
 
 
 def test_container_config_has_every_devn_line(example: hostfile.HostFile) -> None:
-    config = plan.container_config(example.hosts[0].container, example.hosts[0].name)
+    config = derive.container_config(example.hosts[0].container, example.hosts[0].name)
     gpu_lines = [config[f"dev{i}"] for i in range(8)]
     assert gpu_lines == [f"/dev/nvidia{i},mode=0666" for i in range(8)]
     assert [config["dev8"], config["dev9"], config["dev10"], config["dev11"]] == [
@@ -38,16 +38,16 @@ def test_container_config_has_every_devn_line(example: hostfile.HostFile) -> Non
 
 def test_gpu_subset_and_mig(example: hostfile.HostFile) -> None:
     container = example.hosts[0].container.model_copy(update={"gpus": [2, 5], "mig": True})
-    entries = plan.dev_entries(container)
+    entries = derive.dev_entries(container)
     assert [e.path for e in entries] == ["/dev/nvidia2", "/dev/nvidia5", "/dev/nvidiactl", "/dev/nvidia-uvm",
                                          "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia-caps/<each>"]
-    everything = plan.dev_entries(example.hosts[0].container.model_copy(update={"gpus": "all"}))
+    everything = derive.dev_entries(example.hosts[0].container.model_copy(update={"gpus": "all"}))
     assert everything[0].when == "one per /dev/nvidiaN found on the host"
 
 
 def test_server_command_passes_the_profile_and_overrides(example: hostfile.HostFile) -> None:
     host = example.hosts[0]
-    argv = list(plan.server_launch(host).argv)
+    argv = list(derive.server_launch(host).argv)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--tp-size"] == "8" and pairs["--kv-cache-dtype"] == "bf16"
@@ -58,7 +58,7 @@ def test_server_command_passes_the_profile_and_overrides(example: hostfile.HostF
     overridden = host.model_copy(update={"server": host.server.model_copy(update={
         "flags": {"--max-running-requests": 512, "--disable-radix-cache": False, "--enable-metrics": True},
         "env": {"NCCL_DEBUG": "INFO"}})})
-    launch = plan.server_launch(overridden)
+    launch = derive.server_launch(overridden)
     pairs = dict(zip(launch.argv, launch.argv[1:]))
     assert pairs["--max-running-requests"] == "512"
     assert "--disable-radix-cache" not in launch.argv and launch.argv[-1] == "--enable-metrics"
@@ -84,20 +84,20 @@ def test_every_profile_flag_has_a_reason() -> None:
 
 
 def test_command_line_is_shell_safe(example: hostfile.HostFile) -> None:
-    launch = plan.server_launch(example.hosts[0])
+    launch = derive.server_launch(example.hosts[0])
     assert shlex.split(launch.command_line()) == list(launch.argv)
 
 
 def test_image_tag_follows_content(example: hostfile.HostFile) -> None:
     host = example.hosts[0]
-    tag = plan.image_tag(host)
-    assert tag.startswith("gpunode/sglang:0.5.9-cu128-") and tag == plan.image_tag(host)
+    tag = derive.image_tag(host)
+    assert tag.startswith("gpunode/sglang:0.5.9-cu128-") and tag == derive.image_tag(host)
     image = host.image
     other = image.model_copy(update={"pins": image.pins.model_copy(update={"flashinfer": "0.6.4"})})
-    assert plan.image_tag(host.model_copy(update={"image": other})) != tag
+    assert derive.image_tag(host.model_copy(update={"image": other})) != tag
     # The modules built ahead of time are part of the image: another FP4 GEMM backend, another tag.
     cutlass = host.server.model_copy(update={"flags": {"--fp4-gemm-backend": "flashinfer_cutlass"}})
-    assert plan.image_tag(host.model_copy(update={"server": cutlass})) != tag
+    assert derive.image_tag(host.model_copy(update={"server": cutlass})) != tag
 
 
 def test_token_auth_warns_about_devn(example: hostfile.HostFile) -> None:
@@ -143,13 +143,13 @@ def test_stage_selection_errors() -> None:
         stages.select(["host"], "node")
 
 
-def test_each_built_stage_is_one_tagged_play() -> None:
+def test_each_stage_is_one_tagged_play() -> None:
     import yaml
 
     provision = yaml.safe_load((PLAYBOOKS / "provision.yml").read_text())
     imported = [entry["ansible.builtin.import_playbook"] for entry in provision]
-    assert imported == [f"stages/{name}.yml" for name in stages.built_stages()]
-    for name in stages.built_stages():
+    assert imported == [f"stages/{name}.yml" for name in stages.STAGE_NAMES]
+    for name in stages.STAGE_NAMES:
         plays = yaml.safe_load((PLAYBOOKS / "stages" / f"{name}.yml").read_text())
         assert len(plays) == 1 and plays[0]["tags"] == [name]
 
@@ -161,9 +161,9 @@ def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
     built = plan.plan_host(lab)
     assert built.image["lab_stand_in"] == "fake-sglang"
     assert built.image["server_image"] == fake_tag() and fake_tag().startswith(FAKE_REPO + ":")
-    assert built.image["tag"] == plan.image_tag(lab), "the real image's tag is still planned"
+    assert built.image["tag"] == derive.image_tag(lab), "the real image's tag is still planned"
     real = lab.model_copy(update={"image": lab.image.model_copy(update={"lab_stand_in": None})})
-    assert plan.server_image(real) == plan.image_tag(real)
+    assert derive.server_image(real) == derive.image_tag(real)
 
 
 def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:

@@ -16,7 +16,8 @@ ROLES = sorted(p.name for p in (COLLECTION / "roles").iterdir() if (p / "default
 def test_argument_specs_equal_defaults(role: str) -> None:
     defaults = yaml.safe_load((COLLECTION / "roles" / role / "defaults" / "main.yml").read_text())
     specs = yaml.safe_load((COLLECTION / "roles" / role / "meta" / "argument_specs.yml").read_text())
-    options = specs["argument_specs"]["main"]["options"]
+    # One entry point (main), or several of shared tasks (common: stage, nvidia_installer).
+    options = {name: option for entry in specs["argument_specs"].values() for name, option in entry["options"].items()}
     assert set(options) == set(defaults)
     for name, value in defaults.items():
         assert options[name]["default"] == value, name
@@ -27,7 +28,10 @@ def test_argument_specs_equal_defaults(role: str) -> None:
 
 
 def test_there_are_roles() -> None:
-    assert "gpu_node" in ROLES
+    """One role per stage, named as the stage (gpunode.stages), and the tasks they share."""
+    from gpunode.stages import STAGE_NAMES
+
+    assert ROLES == sorted([*STAGE_NAMES, "common"])
 
 
 def _shell_tasks(node: object) -> list[dict]:

@@ -13,9 +13,10 @@ import pytest
 from rich.console import Console
 
 from gpunode import hostfile
+from gpunode import handoff
 from gpunode.serve import docker_run
 from gpunode.serve import spec as specs
-from gpunode.serve.command import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, run_serve
+from gpunode.serve.command import EXIT_BAD_INPUT, EXIT_UNREACHABLE, run_serve
 from gpunode.serve.diagnose import diagnose_docker_error
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.yml"
@@ -24,7 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.
 def spec_with(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"image": "img:1", "argv": ["python3", "-m", "sglang.launch_server", "--port", "1"],
                             "env": {"A": "1"}, "model_dir": "/m", "bind": "127.0.0.1", "port": 1,
-                            "gpus": specs.GpuHandoff.runtime("all")}
+                            "gpus": handoff.GpuHandoff.runtime("all")}
     return specs.container_spec(**{**base, **changes})
 
 
@@ -69,11 +70,11 @@ def test_docker_refusals_are_diagnosed(message: str, key: str) -> None:
     assert diagnose_docker_error("something else entirely") is None
 
 
-def test_unreachable_docker_is_an_environment_problem() -> None:
+def test_unreachable_docker_is_said_so() -> None:
     host = hostfile.load(EXAMPLE).hosts[0]
     console = Console(file=io.StringIO(), width=200)
     outcome = run_serve(host, "img:1", "unix:///nonexistent/docker.sock", console, 5)
-    assert outcome.exit_code == EXIT_ENVIRONMENT
+    assert outcome.exit_code == EXIT_UNREACHABLE
     assert "unreachable" in console.file.getvalue()  # type: ignore[attr-defined]
 
 

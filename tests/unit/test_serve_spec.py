@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import hostfile, plan
+from gpunode import derive, hostfile
 from gpunode.hostfile import Host
+from gpunode import handoff
 from gpunode.serve import docker_run
 from gpunode.serve import spec as specs
 from gpunode.serve.command import build_spec, probe_address
@@ -16,7 +17,7 @@ from gpunode.serve.command import build_spec, probe_address
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
 IMAGE = "gpunode/sglang:0.5.9-cu128-abcdef012345"
-RUNTIME = specs.GpuHandoff.runtime("all")
+RUNTIME = handoff.GpuHandoff.runtime("all")
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def with_server(host: Host, **changes: object) -> Host:
 
 def test_spec_runs_the_plans_command_with_the_profile_env(host: Host) -> None:
     spec = build_spec(host, IMAGE, RUNTIME, with_api_key=False)
-    launch = plan.server_launch(host)
+    launch = derive.server_launch(host)
     assert spec["image"] == IMAGE and spec["name"] == "gpunode-sglang" and spec["detach"] is True
     command = spec["command"]
     assert command[:3] == ["python3", "-m", "sglang.launch_server"]
@@ -63,9 +64,9 @@ def test_spec_hands_gpus_shares_ipc_and_sizes_ulimits_for_nccl(host: Host) -> No
 
 
 def test_gpu_handoff_variants() -> None:
-    chosen = specs.GpuHandoff.runtime([0, 3]).docker_kwargs()["device_requests"][0]
+    chosen = handoff.GpuHandoff.runtime([0, 3]).docker_kwargs()["device_requests"][0]
     assert chosen["DeviceIDs"] == ["0", "3"] and chosen["Capabilities"] == [["gpu"]]
-    nodes = specs.GpuHandoff.device_nodes(["/var/lib/lab/dev/nvidia0", "/var/lib/lab/dev/nvidiactl",
+    nodes = handoff.GpuHandoff.device_nodes(["/var/lib/lab/dev/nvidia0", "/var/lib/lab/dev/nvidiactl",
                                            "/var/lib/lab/dev/nvidia-caps/nvidia-cap1"], "/var/lib/lab/dev")
     assert nodes.docker_kwargs() == {"devices": [
         "/var/lib/lab/dev/nvidia0:/dev/nvidia0:rwm", "/var/lib/lab/dev/nvidiactl:/dev/nvidiactl:rwm",
@@ -108,7 +109,7 @@ def test_same_settings_same_hash_changed_settings_new_hash(host: Host) -> None:
         build_spec(with_server(host, flags={"--max-running-requests": 512}), IMAGE, RUNTIME, with_api_key=False),
         build_spec(with_server(host, env={"NCCL_DEBUG": "INFO"}), IMAGE, RUNTIME, with_api_key=False),
         build_spec(with_server(host, port=30001), IMAGE, RUNTIME, with_api_key=False),
-        build_spec(host, IMAGE, specs.GpuHandoff.runtime([0, 1]), with_api_key=False),
+        build_spec(host, IMAGE, handoff.GpuHandoff.runtime([0, 1]), with_api_key=False),
     ]
     hashes = {v["labels"][specs.LABEL_HASH] for v in variants} | {first["labels"][specs.LABEL_HASH]}
     assert len(hashes) == len(variants) + 1
@@ -130,15 +131,15 @@ def make_nodes(root: Path, names: list[str]) -> None:
 
 def test_gpu_handoff_nvidia_runtime_only_when_the_host_file_picks_it(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_run.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(handoff.shutil, "which", lambda _name: None)
     info = {"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}}
-    picked = docker_run.choose_gpu_handoff(info, [0, 1], local=True, configured="nvidia-runtime", dev_root=tmp_path)
+    picked = handoff.choose(info, [0, 1], local=True, configured="nvidia-runtime", dev_root=tmp_path)
     assert picked.kind == "runtime" and picked.device_ids == ("0", "1")
-    assert docker_run.choose_gpu_handoff(info, "all", local=False, configured="nvidia-runtime").device_ids == ()
-    with pytest.raises(docker_run.ServeError, match="nvidia-container-toolkit"):
-        docker_run.choose_gpu_handoff({"Runtimes": {"runc": {}}}, "all", local=False, configured="nvidia-runtime")
+    assert handoff.choose(info, "all", local=False, configured="nvidia-runtime").device_ids == ()
+    with pytest.raises(handoff.HandoffError, match="nvidia-container-toolkit"):
+        handoff.choose({"Runtimes": {"runc": {}}}, "all", local=False, configured="nvidia-runtime")
     # host-driver never takes NVIDIA's runtime, even where Docker has it.
-    assert docker_run.choose_gpu_handoff({**info, "CDISpecDirs": ["/etc/cdi"]}, "all", local=False).kind == "cdi"
+    assert handoff.choose({**info, "CDISpecDirs": ["/etc/cdi"]}, "all", local=False).kind == "cdi"
 
 
 CDI_SPEC = {"cdiVersion": "0.5.0", "kind": "gpunode.io/gpu",
@@ -156,15 +157,15 @@ CDI_SPEC = {"cdiVersion": "0.5.0", "kind": "gpunode.io/gpu",
 
 
 def test_gpu_handoff_through_docker_cdi_names_the_spec_devices() -> None:
-    picked = docker_run.choose_gpu_handoff({"CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, [1], local=False)
+    picked = handoff.choose({"CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, [1], local=False)
     (request,) = picked.docker_kwargs()["device_requests"]
     assert request["Driver"] == "cdi" and request["DeviceIDs"] == ["gpunode.io/gpu=1"]
-    assert specs.GpuHandoff.cdi("all").device_ids == ("gpunode.io/gpu=all",)
+    assert handoff.GpuHandoff.cdi("all").device_ids == ("gpunode.io/gpu=all",)
     assert picked.mounts() == []
 
 
 def test_gpu_handoff_without_docker_cdi_is_the_same_list_by_hand() -> None:
-    picked = docker_run.choose_gpu_handoff({"CDISpecDirs": None}, [1], local=False, cdi_spec=CDI_SPEC)
+    picked = handoff.choose({"CDISpecDirs": None}, [1], local=False, cdi_spec=CDI_SPEC)
     assert picked.kind == "devices"
     assert picked.docker_kwargs() == {"devices": ["/dev/nvidia1:/dev/nvidia1:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm",
                                                   "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm"]}
@@ -172,40 +173,40 @@ def test_gpu_handoff_without_docker_cdi_is_the_same_list_by_hand() -> None:
     assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in mounts] == [
         ("/usr/local/nvidia/lib64/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", True),
         ("/usr/local/nvidia/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi", True)]
-    every = docker_run.choose_gpu_handoff({}, "all", local=False, cdi_spec=CDI_SPEC)
+    every = handoff.choose({}, "all", local=False, cdi_spec=CDI_SPEC)
     assert [inside for _o, inside in every.nodes][:2] == ["/dev/nvidia0", "/dev/nvidia1"]
     spec = specs.container_spec(image=IMAGE, argv=["python3"], env={}, model_dir="/m", bind="127.0.0.1", port=1,
                                 gpus=picked)
     assert [m["Target"] for m in spec["mounts"]] == ["/model", "/var/cache/gpunode", "/usr/local/nvidia/lib64/libcuda.so.1",
                                                     "/usr/local/nvidia/bin/nvidia-smi"]
-    with pytest.raises(docker_run.ServeError, match="no device 5"):
-        docker_run.choose_gpu_handoff({}, [5], local=False, cdi_spec=CDI_SPEC)
-    with pytest.raises(docker_run.ServeError, match="no CDI spec"):
-        docker_run.choose_gpu_handoff({}, "all", local=False)
+    with pytest.raises(handoff.HandoffError, match="no device 5"):
+        handoff.choose({}, [5], local=False, cdi_spec=CDI_SPEC)
+    with pytest.raises(handoff.HandoffError, match="no CDI spec"):
+        handoff.choose({}, "all", local=False)
 
 
 def test_the_handoff_as_docker_run_arguments_is_the_same_list() -> None:
     """The node stage's probes and the checks start containers with these; serve with the SDK kwargs."""
-    by_hand = docker_run.choose_gpu_handoff({}, [1], local=False, cdi_spec=CDI_SPEC)
+    by_hand = handoff.choose({}, [1], local=False, cdi_spec=CDI_SPEC)
     assert by_hand.cli_args() == [
         "--device=/dev/nvidia1:/dev/nvidia1:rwm", "--device=/dev/nvidiactl:/dev/nvidiactl:rwm",
         "--device=/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
         "--volume=/usr/local/nvidia/lib64/libcuda.so.1:/usr/local/nvidia/lib64/libcuda.so.1:ro",
         "--volume=/usr/local/nvidia/bin/nvidia-smi:/usr/local/nvidia/bin/nvidia-smi:ro"]
     assert [f"--device={d}" for d in by_hand.docker_kwargs()["devices"]] == by_hand.cli_args()[:3]
-    cdi = docker_run.choose_gpu_handoff({"CDISpecDirs": ["/etc/cdi"]}, "all", local=False, cdi_spec=CDI_SPEC)
+    cdi = handoff.choose({"CDISpecDirs": ["/etc/cdi"]}, "all", local=False, cdi_spec=CDI_SPEC)
     assert cdi.cli_args() == ["--device=gpunode.io/gpu=all"]
-    assert specs.GpuHandoff.runtime([0, 3]).cli_args() == ["--gpus", "device=0,3"]
-    assert specs.GpuHandoff.runtime("all").cli_args() == ["--gpus", "all"]
+    assert handoff.GpuHandoff.runtime([0, 3]).cli_args() == ["--gpus", "device=0,3"]
+    assert handoff.GpuHandoff.runtime("all").cli_args() == ["--gpus", "all"]
 
 
 def test_gpu_handoff_falls_back_to_device_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_run, "CDI_SPEC_FILE", str(tmp_path / "no-such-spec.json"))
+    monkeypatch.setattr(handoff, "CDI_SPEC_FILE", str(tmp_path / "no-such-spec.json"))
     make_nodes(tmp_path, ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"])
-    handoff = docker_run.choose_gpu_handoff({"Runtimes": {"runc": {}}}, [0, 2], local=True, dev_root=tmp_path)
-    assert [inside for _outside, inside in handoff.nodes] == [
+    picked = handoff.choose({"Runtimes": {"runc": {}}}, [0, 2], local=True, dev_root=tmp_path)
+    assert [inside for _outside, inside in picked.nodes] == [
         "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    every = docker_run.choose_gpu_handoff({}, "all", local=True, dev_root=tmp_path)
+    every = handoff.choose({}, "all", local=True, dev_root=tmp_path)
     assert sum(inside[len("/dev/nvidia"):].isdigit() for _o, inside in every.nodes) == 3
-    with pytest.raises(docker_run.ServeError, match="nvidia5"):
-        docker_run.choose_gpu_handoff({}, [5], local=True, dev_root=tmp_path)
+    with pytest.raises(handoff.HandoffError, match="nvidia5"):
+        handoff.choose({}, [5], local=True, dev_root=tmp_path)

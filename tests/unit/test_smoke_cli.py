@@ -13,12 +13,12 @@ from fakes.process import fake_server  # noqa: E402 - tests/ put on the path jus
 
 def test_cli_smoke_passes_and_names_a_wrong_answer(gpunode, tmp_path: Path) -> None:
     with fake_server(tmp_path, api_key="k-123") as (_process, url):
-        ok = gpunode("smoke", "--url", url, "--api-key-env", "T_KEY", "--json", env={"T_KEY": "k-123"})
-        unauthorised = gpunode("smoke", "--url", url, "--json")
+        ok = gpunode("smoke", "--local", "--url", url, "--api-key-env", "T_KEY", "--json", env={"T_KEY": "k-123"})
+        unauthorised = gpunode("smoke", "--local", "--url", url, "--json")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     report = json.loads(ok.stdout)
     assert report["ok"] and {c["name"] for c in report["checks"] if c["status"] == "pass"} >= {"health", "answer", "tool_call"}
     assert "k-123" not in ok.stdout + ok.stderr
     assert unauthorised.returncode == 1
-    missing = gpunode("smoke", "--url", url, "--api-key-env", "T_UNSET")
+    missing = gpunode("smoke", "--local", "--url", url, "--api-key-env", "T_UNSET")
     assert missing.returncode == 2 and "T_UNSET is not set" in missing.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode import plan, profiles, stacks
+from gpunode import derive, plan, profiles, stacks
 from gpunode.bench.command import AB_PRESETS, parse_ab
 from gpunode.bench.restart import overridden
 from gpunode.hostfile import HostFileError, ImagePins, load
@@ -86,7 +86,7 @@ def test_a_host_picks_the_current_stack_and_gets_its_profile_base_and_modules(tm
     host = load(lab_file(tmp_path, {"stack": CURRENT})).hosts[0]
     assert host.profile_name == "glm5-nvfp4-sm120-current"
     assert host.image.pinned()["sglang"] == "0.5.23" and host.image.base_name == "debootstrap"
-    planned = plan.aot_plan(host)
+    planned = derive.aot_plan(host)
     assert planned.arch.cuda_arch == "12.0f"  # FlashInfer 0.7.2's SM 12.0 target on CUDA >= 12.9
     assert [m.name for m in planned.modules] == ["sparse_mla_sm120", "fp4_quantization_120f", "fp4_gemm_cutlass_sm120",
                                                  "fused_moe_120", "sampling"]
@@ -99,7 +99,7 @@ def test_a_host_picks_the_current_stack_and_gets_its_profile_base_and_modules(tm
     assert "/usr/local/cuda-13.0/lib64/stubs/libcuda.so" in inputs.dockerfile
     assert 'org.gpunode.stack="sglang-0.5.23-cu130"' in inputs.dockerfile
     # The stand-in parses the launch as the stack's sglang would.
-    assert plan.server_launch(host).env["FAKE_SGLANG_VERSION"] == "0.5.23"
+    assert derive.server_launch(host).env["FAKE_SGLANG_VERSION"] == "0.5.23"
 
 
 @pytest.mark.parametrize(("image", "server", "driver", "message"), [
@@ -131,7 +131,7 @@ def test_ab_image_stack_swaps_the_stack_and_its_profile(tmp_path: Path) -> None:
     host = load(lab_file(tmp_path, server={"flags": {"--max-running-requests": 64}})).hosts[0]
     other = overridden(host, {"image.stack": CURRENT})
     assert other.profile_name == "glm5-nvfp4-sm120-current" and other.server.flags == {"--tp-size": 2, "--max-running-requests": 64}
-    assert "--dsa-decode-backend" in plan.server_launch(other).argv
+    assert "--dsa-decode-backend" in derive.server_launch(other).argv
     back = overridden(other, {"image.stack": "sglang-0.5.9-cu128"})
     assert back.profile_name == "glm5-nvfp4-sm120"
 

@@ -7,7 +7,7 @@ import copy
 import json
 from pathlib import Path
 
-from gpunode import stagerun
+from gpunode.p2p import stage as p2p_stage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "p2p"
 
@@ -18,15 +18,15 @@ def _verdict(name: str) -> dict:
 
 def test_two_gpu_pass_is_recorded_ok_without_warnings_as_failures() -> None:
     verdict = _verdict("h200x2/p2p_x2.json")  # the H200 x2 run: pass, with vm-passthrough warnings
-    record = stagerun.p2p_record([0, 1], verdict["exit_code"], verdict)
+    record = p2p_stage.record([0, 1], verdict["exit_code"], verdict)
     assert record == {"gpus": [0, 1], "ok": True, "exit_code": 0, "status": "pass",
                       "summary": "all 2 ordered pairs of 2 GPUs met expectations", "failed": []}
 
 
 def test_single_gpu_pass_is_ok() -> None:
-    verdict = _verdict("p2p.json")  # one H200: pairs not applicable (exit 3)
-    record = stagerun.p2p_record("all", verdict["exit_code"], verdict)
-    assert record["ok"] and record["exit_code"] == 3 and record["status"] == "pass (pairs not applicable)"
+    verdict = _verdict("p2p.json")  # one H200: pairs not applicable (exit 5)
+    record = p2p_stage.record("all", verdict["exit_code"], verdict)
+    assert record["ok"] and record["exit_code"] == 5 and record["status"] == "pass (pairs not applicable)"
 
 
 def test_failed_findings_are_named_in_the_record() -> None:
@@ -35,7 +35,7 @@ def test_failed_findings_are_named_in_the_record() -> None:
                                 "message": "NVML says P2P read is not supported", "cause": None, "fix": None,
                                 "category": "p2p"})
     verdict["status"], verdict["exit_code"] = "fail", 1
-    record = stagerun.p2p_record([0, 1], 1, verdict)
+    record = p2p_stage.record([0, 1], 1, verdict)
     assert not record["ok"]
     assert record["failed"] == ["FAIL GPU0->GPU1 p2p-unavailable: NVML says P2P read is not supported"]
 
@@ -43,5 +43,5 @@ def test_failed_findings_are_named_in_the_record() -> None:
 def test_record_carries_no_timings() -> None:
     # The node's record is rewritten by every run: were timings in it, a healthy re-run would change it.
     verdict = _verdict("h200x2/p2p_x2.json")
-    text = json.dumps(stagerun.p2p_record([0, 1], 0, verdict))
+    text = json.dumps(p2p_stage.record([0, 1], 0, verdict))
     assert "gbps" not in text.lower() and "seconds" not in text

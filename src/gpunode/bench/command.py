@@ -32,15 +32,16 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
+from gpunode import exitcodes
 from gpunode.bench import compare, report, roofline
 from gpunode.bench import sweep as sweep_mod
 from gpunode.bench.sampler import Sampler, SampleSet, open_sampler
 from gpunode.smoke.bench import BenchRunner
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 4
+EXIT_OK = exitcodes.OK
+EXIT_FAILED = exitcodes.FAILED
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
 DEFAULT_LEVELS = (1, 10, 64, 256, 1024)  # the seeds' MoE backend comparison (FIELD-NOTES s5)
 DEFAULT_INPUT_LEN = 256  # FIELD-NOTES s6's bench_serving line
 DEFAULT_OUTPUT_LEN = 128

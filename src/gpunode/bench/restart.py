@@ -43,7 +43,7 @@ def overridden(host: Any, overrides: Mapping[str, FlagValue]) -> Any:
 
 def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: Any,
                   timeout_s: float | None = None, **serve_settings: Any) -> Callable[[dict[str, FlagValue]], str]:
-    """``serve_settings``: run_serve's keywords for the node (gpunode.stagerun.node_serve_settings:
+    """``serve_settings``: run_serve's keywords for the node (gpunode.serve.stage.node_settings:
     the node's GPU hand-off, the lab's memlock), so a restart starts the server as the serve stage does."""
     from gpunode.serve import command as serve_command
 
@@ -53,7 +53,7 @@ def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: An
         target = overridden(host, overrides)
         tag = image_tag
         if STACK_KEY in overrides:
-            from gpunode.plan import server_image
+            from gpunode.derive import server_image
 
             tag = server_image(target)  # that stack's image, built and shipped by its provision
         outcome = serve_command.run_serve(target, tag, docker_url, console, wait_s, **serve_settings)

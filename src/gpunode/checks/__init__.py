@@ -9,9 +9,12 @@ gpunode writes (every expectation travels in its host variables)::
 import re
 from pathlib import Path
 
+from gpunode.stages import STAGE_NAMES
+
 CHECKS_DIR = Path(__file__).resolve().parent
-# In the order a node is built: each layer stands on the ones before it.
-LAYERS = ("host", "container", "inside", "image", "p2p", "server")
+# One layer per stage, named as the stage (test_<stage>.py), in the order a node is built: each
+# layer stands on the ones before it.
+LAYERS = STAGE_NAMES
 # The skip reason the checks give for a host they cannot reach; gpunode check reports it once per
 # host, as checks not run.
 UNREACHABLE = "unreachable"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,6 +64,24 @@ def hostvars(host: Any) -> dict[str, Any]:
     return dict(host.backend.get_variables())
 
 
+# What gpunode's inventory carries for each host (gpunode.inventory.host_vars), as the stages read
+# it: the validated host file entry, the values derived from it, the run's secret files. (Module
+# scoped, so set up before the pve_host/gpu_node skips: the inventory's localhost has none.)
+@pytest.fixture(scope="module")
+def gpunode_host(hostvars: dict[str, Any]) -> dict[str, Any]:
+    return dict(hostvars.get("gpunode_host") or {})
+
+
+@pytest.fixture(scope="module")
+def gpunode_derived(hostvars: dict[str, Any]) -> dict[str, Any]:
+    return dict(hostvars.get("gpunode_derived") or {})
+
+
+@pytest.fixture(scope="module")
+def gpunode_secrets(hostvars: dict[str, Any]) -> dict[str, Any]:
+    return dict(hostvars.get("gpunode_secrets") or {})
+
+
 @pytest.fixture
 def pve_host(host: Any) -> Any:
     """The host, when it is a Proxmox host (group pve_hosts); other hosts skip this check."""
@@ -94,13 +111,13 @@ def _remote_python(host: Any, module: str, call: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def host_facts(host: Any, hostvars: dict[str, Any], _reach: dict[str, str | None]) -> dict[str, Any]:
+def host_facts(host: Any, gpunode_host: dict[str, Any], _reach: dict[str, str | None]) -> dict[str, Any]:
     if "pve_hosts" not in _groups(host):
         return {}
     skip_unreachable(host, _reach)  # module-scoped: set up before the per-test reachability check
-    facts = _remote_python(host, "nvidia_host", f"gather({hostvars['gpunode_facts_root']!r}, config_root='/')")
-    facts["devices"] = _remote_python(host, "nvidia_nodes", f"scan({hostvars['gpunode_dev_root']!r}, False)")
-    facts["kernels"] = _kernels(host, hostvars)
+    facts = _remote_python(host, "nvidia_host", f"gather({gpunode_host['facts_root']!r}, config_root='/')")
+    facts["devices"] = _remote_python(host, "nvidia_nodes", f"scan({gpunode_host['dev_root']!r}, False)")
+    facts["kernels"] = _kernels(host, gpunode_host)
     return facts
 
 
@@ -113,11 +130,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _KERNELS.clear()  # `gpunode check` may run pytest more than once in one process
 
 
-def _kernels(host: Any, hostvars: dict[str, Any]) -> dict[str, Any]:
+def _kernels(host: Any, gpunode_host: dict[str, Any]) -> dict[str, Any]:
     name = host.backend.get_pytest_id()
     if name not in _KERNELS:
-        _KERNELS[name] = dict(_remote_python(host, "kernels", f"gather('/', {hostvars['gpunode_facts_root']!r}, "
-                                                              f"version={hostvars['gpunode_driver_version']!r})"))
+        _KERNELS[name] = dict(_remote_python(host, "kernels", f"gather('/', {gpunode_host['facts_root']!r}, "
+                                                              f"version={gpunode_host['driver']['version']!r})"))
     return _KERNELS[name]
 
 
@@ -140,7 +157,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if "pve_hosts" not in variables.get("group_names", []) or _unreachable(host):
             continue
         try:
-            found.update(k["version"] for k in _kernels(host, variables)["kernels"])
+            found.update(k["version"] for k in _kernels(host, variables["gpunode_host"])["kernels"])
         except (Exception, pytest.fail.Exception):  # a failed read is reported by the host's other checks
             continue
     metafunc.parametrize("kernel", sorted(found) or ["no-kernel-found"])

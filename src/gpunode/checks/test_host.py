@@ -26,28 +26,28 @@ def _hmm_configured(host: Any) -> bool:
     return bool(conf.exists and conf.contains("^options nvidia_uvm uvm_disable_hmm=1"))
 
 
-def _expect(hostvars: dict[str, Any]) -> Expectations:
-    prepare = hostvars["gpunode_prepare"]
-    installer = hostvars.get("gpunode_driver_installer") or {}
-    return Expectations(hostvars["gpunode_driver_version"], True, prepare["disable_hmm"], prepare["release_vfio"],
+def _expect(gpunode_host: dict[str, Any]) -> Expectations:
+    prepare = gpunode_host["prepare"]
+    installer = gpunode_host["driver"]["installer"]
+    return Expectations(gpunode_host["driver"]["version"], True, prepare["disable_hmm"], prepare["release_vfio"],
                         prepare["persistenced"], bool(installer.get("url") or installer.get("local_file")),
                         prepare.get("pin_kernel", False))
 
 
 @pytest.mark.parametrize("name", FINDINGS)
-def test_host_finding(name: str, pve_host: Any, hostvars: dict[str, Any], host_facts: dict[str, Any]) -> None:
-    findings = [f for f in evaluate(host_facts, _expect(hostvars)) if f.name == name]
+def test_host_finding(name: str, pve_host: Any, gpunode_host: dict[str, Any], host_facts: dict[str, Any]) -> None:
+    findings = [f for f in evaluate(host_facts, _expect(gpunode_host)) if f.name == name]
     failed = [f for f in findings if f.status == "fail"]
-    recorded = hostvars["gpunode_facts_root"] != "/"
+    recorded = gpunode_host["facts_root"] != "/"
     if name == "hmm" and failed and _hmm_configured(pve_host):
         pytest.xfail(f"pending: {failed[0].detail}: configured in {HMM_CONF}; reload nvidia_uvm or reboot")
     if name == "persistenced" and recorded and findings and findings[0].status != "ok":
-        pytest.xfail(f"recorded state ({hostvars['gpunode_facts_root']}): {findings[0].detail}")
+        pytest.xfail(f"recorded state ({gpunode_host['facts_root']}): {findings[0].detail}")
     assert not failed, "; ".join(f"{f.detail} -> fix: {f.fix}" for f in failed)
 
 
-def test_hmm_option_configured(pve_host: Any, hostvars: dict[str, Any]) -> None:
-    if not hostvars["gpunode_prepare"]["disable_hmm"]:
+def test_hmm_option_configured(pve_host: Any, gpunode_host: dict[str, Any]) -> None:
+    if not gpunode_host["prepare"]["disable_hmm"]:
         pytest.skip("prepare.disable_hmm is false in the host file")
     assert _hmm_configured(pve_host), (
         f"{HMM_CONF} lacks `options nvidia_uvm uvm_disable_hmm=1` (cuInit error 3 otherwise): "
@@ -66,10 +66,11 @@ def test_no_nvidia_ids_left_for_vfio(pve_host: Any, host_facts: dict[str, Any]) 
     assert not leftovers, f"NVIDIA GPUs still handed to vfio-pci by {leftovers}: run `gpunode provision --tags host`, then reboot"
 
 
-def test_driver_tree_built_for_the_loaded_driver(pve_host: Any, hostvars: dict[str, Any]) -> None:
-    if not hostvars.get("gpunode_driver_mount"):
+def test_driver_tree_built_for_the_loaded_driver(pve_host: Any, gpunode_host: dict[str, Any],
+                                                 gpunode_derived: dict[str, Any]) -> None:
+    if not gpunode_derived["driver_mount"]:
         pytest.skip("nvidia-runtime hand-off: the container installs its own user space")
-    survey = _remote_python(pve_host, "driver_tree", f"survey({hostvars['gpunode_facts_root']!r})")
+    survey = _remote_python(pve_host, "driver_tree", f"survey({gpunode_host['facts_root']!r})")
     if not survey["version"]:
         pytest.fail("no NVIDIA module loaded on the host: there is no user space to share")
     assert not survey["changes"], \
@@ -78,7 +79,7 @@ def test_driver_tree_built_for_the_loaded_driver(pve_host: Any, hostvars: dict[s
         f"{', '.join(survey['trees']) or 'none'}) -> run `gpunode provision --tags host`"
 
 
-def test_module_built_for_kernel(kernel: str, pve_host: Any, hostvars: dict[str, Any],
+def test_module_built_for_kernel(kernel: str, pve_host: Any, gpunode_host: dict[str, Any],
                                  host_facts: dict[str, Any]) -> None:
     facts = host_facts["kernels"]
     entry = next((k for k in facts["kernels"] if k["version"] == kernel), None)
@@ -86,7 +87,7 @@ def test_module_built_for_kernel(kernel: str, pve_host: Any, hostvars: dict[str,
         pytest.fail("no installed kernel found (/boot/vmlinuz-*) on the host: a Proxmox host has at least one")
     if entry is None:
         pytest.skip(f"not-in-layer: kernel {kernel} is not installed on this host")
-    version = facts["version"] or hostvars["gpunode_driver_version"]
+    version = facts["version"] or gpunode_host["driver"]["version"]
     role = " (boots next)" if entry["boots_next"] else ""
     fix = "run `gpunode provision --tags host` (it installs the headers and builds the module)"
     if entry["build_failed"]:

@@ -11,13 +11,13 @@ from gpunode.checks.conftest import node_record
 FIX = "run `gpunode provision --tags p2p`"
 
 
-def test_p2p_verdict(gpu_node: Any, hostvars: dict[str, Any]) -> None:
+def test_p2p_verdict(gpu_node: Any, gpunode_host: dict[str, Any]) -> None:
     record = node_record(gpu_node, "p2p")
     if record is None:
-        if hostvars.get("gpunode_lab"):
+        if gpunode_host["lab"]:
             pytest.skip("lab: no GPU behind the node, so P2P is never measured here (README, 'The lab')")
         pytest.fail(f"no P2P verdict recorded on the node (/etc/gpunode/p2p.json) -> {FIX}")
-    assert record["gpus"] == hostvars["gpunode_node_gpus"], \
-        f"measured with GPUs {record['gpus']}, the host file selects {hostvars['gpunode_node_gpus']} -> {FIX}"
+    gpus = gpunode_host["container"]["gpus"]
+    assert record["gpus"] == gpus, f"measured with GPUs {record['gpus']}, the host file selects {gpus} -> {FIX}"
     failed = "; ".join(record["failed"]) or record["summary"]
     assert record["ok"], f"P2P {record['status']} (exit {record['exit_code']}): {failed} -> {FIX}"

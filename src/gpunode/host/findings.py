@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MIN_DRIVER = 570
+from gpunode.nvidia import CONTROL_NODES, MIN_DRIVER_SM120
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -91,8 +91,8 @@ def check_driver(facts: dict[str, Any], expect: Expectations) -> list[Finding]:
                         blocking=not expect.installer)]
     version = str(driver.get("version") or "")
     out = []
-    if _version_tuple(version)[:1] and _version_tuple(version)[0] < MIN_DRIVER:
-        out.append(Finding("driver", FAIL, f"driver {version} is older than {MIN_DRIVER}: SM120 cannot run",
+    if _version_tuple(version)[:1] and _version_tuple(version)[0] < MIN_DRIVER_SM120:
+        out.append(Finding("driver", FAIL, f"driver {version} is older than {MIN_DRIVER_SM120}: SM120 cannot run",
                            f"install {expect.driver_version}", blocking=not expect.installer))
     elif version != expect.driver_version:
         out.append(Finding("driver", FAIL, f"driver {version} loaded, host file pins {expect.driver_version}",
@@ -148,7 +148,7 @@ def check_persistenced(facts: dict[str, Any]) -> Finding:
 def check_nodes(facts: dict[str, Any]) -> Finding:
     devices = (facts.get("devices") or {}).get("devices") or {}
     gpus = (facts.get("devices") or {}).get("gpus") or []
-    missing = [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if p not in devices]
+    missing = [p for p in CONTROL_NODES if p not in devices]
     if not gpus or missing:
         return Finding("device_nodes", FAIL, f"missing: {', '.join(missing + ([] if gpus else ['/dev/nvidiaN']))}",
                        "nvidia-uvm nodes appear once something loads the module: the host stage runs "

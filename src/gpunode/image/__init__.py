@@ -1,8 +1,8 @@
-"""The pinned server image: CUDA 12.8 + SGLang 0.5.9 + FlashInfer 0.6.3, built and verified.
+"""The server image of a stack (images/sglang/stacks), built and verified: the image stage.
 
 ``build(image, engine_url, console)`` builds it (unless its content tag exists); ``verify(tag,
 launch_argv, engine_url)`` checks inside it, without a GPU, that it holds what the pins promise.
-``image_tag(image)`` is the one definition of the tag. ``python -m gpunode.image`` for manual use.
+``image_tag(image)`` is the one definition of the tag; ``stage.run`` is the stage.
 """
 
 from gpunode.image.build import BuildError, BuildResult, build

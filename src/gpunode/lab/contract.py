@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpunode.nvidia import GPU_MAJOR
+
 LAB_DIR = Path("/var/lib/gpunode-lab")
 LAB_GPU_COUNT = 2
 
@@ -55,7 +57,7 @@ LAB_MODEL_DIR = "/models/GLM-5-NVFP4"
 LAB_MODEL_FILES = {"config.json": '{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}\n',
                    "tokenizer.json": "{}\n"}
 
-NVIDIA_MAJOR = 195
+NVIDIA_MAJOR = GPU_MAJOR  # the fake nodes carry the driver's numbers
 UVM_MAJOR_RANGE = range(234, 255)  # pick the highest char major in 234..254 not in /proc/devices
 
 PVE_HOST = "127.0.0.2"

@@ -11,6 +11,7 @@ from gpunode.lab.contract import (
     DEV_DIR, LAB_GPU_COUNT, LabError, NVIDIA_MAJOR, Progress, UVM_MAJOR_FILE, UVM_MAJOR_RANGE,
 )
 from gpunode.lab.util import write_if_changed
+from gpunode.nvidia import MINORS, UVM_NODES
 
 def _char_majors() -> set[int]:
     majors: set[int] = set()
@@ -42,8 +43,9 @@ def device_nodes(uvm: int | None = None) -> dict[str, tuple[int, int]]:
     """The fake device nodes: name -> (major, minor)."""
     major_uvm = uvm_major() if uvm is None else uvm
     nodes = {f"nvidia{i}": (NVIDIA_MAJOR, i) for i in range(LAB_GPU_COUNT)}
-    nodes.update({"nvidiactl": (NVIDIA_MAJOR, 255), "nvidia-modeset": (NVIDIA_MAJOR, 254),
-                  "nvidia-uvm": (major_uvm, 0), "nvidia-uvm-tools": (major_uvm, 1)})
+    # The control nodes with the driver's own numbers (gpunode.nvidia), nvidia-uvm's on its free major.
+    nodes.update({path[len("/dev/"):]: (major_uvm if path in UVM_NODES else NVIDIA_MAJOR, minor)
+                  for path, minor in MINORS.items()})
     return nodes
 
 

@@ -1,14 +1,14 @@
 """Readings and expectations in, findings, verdicts and an exit code out. Pure: no NVML, no CUDA.
 
-Exit codes (also in the README and ``python3 -m gpunode.p2p --help``):
+Exit codes (gpunode.exitcodes; also in the README and ``python3 -m gpunode.p2p --help``):
 
 - 0 pass: every GPU and every ordered pair met expectations;
 - 1 fail: a pair below expectation, P2P unavailable, a copy's data wrong, a link downtrained under
   load, a measurement that failed or hung, or fewer GPUs than ``min_gpus``;
 - 2 bad input: command-line or expectation values;
-- 3 pass, pair checks not applicable: fewer than two GPUs visible, so nothing was said about P2P;
 - 4 environment: no NVIDIA driver / NVML, no GPU, CUDA unusable (e.g. cuInit error 3, the HMM case),
-  or PyTorch missing.
+  or PyTorch missing;
+- 5 pass, pair checks not applicable: fewer than two GPUs visible, so nothing was said about P2P.
 
 With ``required: false`` (host file ``p2p:``), P2P findings (unavailable, below expectation,
 downtrained link) are reported as warnings and do not fail the check; wrong data and environment
@@ -21,20 +21,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gpunode import exitcodes
 from gpunode.p2p.measure import Bandwidth, DriverProbe, GpuMeasurements, Measurements, PairMeasurements
 from gpunode.p2p.topology import Gpu, HostFacts, PairTopology, Topology
 
-EXIT_PASS = 0
-EXIT_FAIL = 1
-EXIT_BAD_INPUT = 2
-EXIT_PAIRS_NOT_APPLICABLE = 3
-EXIT_ENVIRONMENT = 4
+# gpunode's exit codes (gpunode.exitcodes: one number, one meaning, for every command), as p2p says them.
+EXIT_PASS = exitcodes.OK
+EXIT_FAIL = exitcodes.FAILED
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_PAIRS_NOT_APPLICABLE = exitcodes.NOT_APPLICABLE
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
 EXIT_CODES: dict[int, str] = {
     EXIT_PASS: "pass: every GPU and every ordered pair met expectations",
     EXIT_FAIL: "fail: a pair or the node below expectation, P2P unavailable, wrong data, or a measurement failed",
     EXIT_BAD_INPUT: "bad input: command line or expectation values",
-    EXIT_PAIRS_NOT_APPLICABLE: "pass, but pair checks not applicable: fewer than two GPUs, nothing said about P2P",
     EXIT_ENVIRONMENT: "environment: no driver/NVML, no GPU, CUDA unusable (e.g. HMM, cuInit error 3) or no PyTorch",
+    EXIT_PAIRS_NOT_APPLICABLE: "pass, but pair checks not applicable: fewer than two GPUs, nothing said about P2P",
 }
 SYS_LEVEL = 50
 HMM_FIX = ("on the HOST (containers share its kernel): add 'options nvidia_uvm uvm_disable_hmm=1' to a file in "

@@ -1,15 +1,11 @@
-"""``gpunode serve host.yml``: start the SGLang server container on the node and wait until it
-serves, showing its startup phases; on failure, say why and what fixes it.
+"""Start the SGLang server container on an engine and wait until it serves, showing its startup
+phases; on failure, say why and what fixes it. The serve stage runs it on the node's engine
+(gpunode.serve.stage); ``gpunode serve --local`` on this machine's.
 
-Exit codes:
-
-== =====================================================================================
-0  the server is ready (``/health_generate`` answered 200)
-1  the server did not become ready: it exited (diagnosed from its log, container stopped
-   so that it does not restart in a loop), Docker refused it, or the timeout passed
-2  bad input: the profile or the API key's SecretRef cannot be read
-4  environment: the Docker daemon cannot be reached, or no way to hand the GPUs in
-== =====================================================================================
+Exit codes (gpunode.exitcodes): 0 the server is ready (``/health_generate`` answered 200); 1 it did
+not become ready: it exited (diagnosed from its log, container stopped so that it does not restart
+in a loop), Docker refused it, no way to hand the GPUs in, or the timeout passed; 2 bad input: the
+profile or the API key's SecretRef cannot be read; 3 the Docker engine cannot be reached.
 """
 
 from __future__ import annotations
@@ -22,17 +18,18 @@ from typing import Any
 import docker
 from rich.console import Console
 
-from gpunode import plan, profiles
+from gpunode import exitcodes, handoff as handoffs, profiles
+from gpunode.derive import server_launch
 from gpunode.engine import docker_client
 from gpunode.hostfile import Host
 from gpunode.serve import docker_run, readiness
 from gpunode.serve import spec as specs
 from gpunode.serve.diagnose import Diagnosis
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 4
+EXIT_OK = exitcodes.OK
+EXIT_FAILED = exitcodes.FAILED
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_UNREACHABLE = exitcodes.UNREACHABLE
 DEFAULT_TIMEOUT_S = 3600.0  # a cold load of ~410-453 GB plus autotune can take tens of minutes
 
 
@@ -68,9 +65,12 @@ def connect(docker_url: str | None) -> docker.DockerClient:
     return client
 
 
-def build_spec(host: Host, image_tag: str, handoff: specs.GpuHandoff, with_api_key: bool,
-               name: str = specs.CONTAINER_NAME, memlock_bytes: int = -1) -> dict[str, Any]:
-    launch = plan.server_launch(host)
+def build_spec(host: Host, image_tag: str, handoff: handoffs.GpuHandoff, with_api_key: bool,
+               name: str = specs.CONTAINER_NAME, memlock_bytes: int = -1,
+               launch: profiles.Launch | None = None) -> dict[str, Any]:
+    """The server container for ``host``: ``launch`` as gpunode.derive made it (the stage passes the
+    inventory's), derived here when not given."""
+    launch = launch or server_launch(host)
     return specs.container_spec(image=image_tag, argv=launch.argv, env=launch.env, model_dir=str(host.model.path),
                                 bind=host.server.bind, port=host.server.port, gpus=handoff,
                                 api_key=with_api_key, name=name, memlock_bytes=memlock_bytes)
@@ -88,16 +88,17 @@ def _say_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
 
 
 def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Console, timeout_s: float, *,
-              gpu_handoff: specs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
+              gpu_handoff: handoffs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
               poll_s: float = readiness.POLL_S, name: str = specs.CONTAINER_NAME,
-              memlock_bytes: int = -1, engine_is_local: bool | None = None) -> ServeOutcome:
+              memlock_bytes: int = -1, engine_is_local: bool | None = None,
+              launch: profiles.Launch | None = None) -> ServeOutcome:
     """``serve`` with its findings returned; ``gpu_handoff`` overrides detection and ``memlock_bytes``
     the unlimited memlock (tests and labs on machines that cannot give it). ``engine_is_local``
     False says that a unix socket is an SSH forward of the node's engine: the server's port is on
     the node, so readiness is probed from inside the container."""
     local = is_local_daemon(docker_url) if engine_is_local is None else engine_is_local
     try:
-        plan.server_launch(host)
+        launch = launch or server_launch(host)
         api_key = host.server.api_key.resolve() if host.server.api_key else None
     except (profiles.ProfileError, LookupError, OSError) as exc:
         # The message names the SecretRef or profile, never a secret's value.
@@ -105,16 +106,16 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
         return ServeOutcome(EXIT_BAD_INPUT, messages=[str(exc)])
     try:
         client = connect(docker_url)
-        handoff = gpu_handoff or docker_run.choose_gpu_handoff(
+        handoff = gpu_handoff or handoffs.choose(
             client.info(), host.container.gpus, local=local, configured=host.container.gpu_handoff, dev_root=dev_root)
     except docker.errors.DockerException as exc:
         _say(console, f"server: error: Docker at {docker_url or 'the default socket'} is unreachable: {exc}")
-        return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])
-    except docker_run.ServeError as exc:
+        return ServeOutcome(EXIT_UNREACHABLE, messages=[str(exc)])
+    except handoffs.HandoffError as exc:
         _say(console, f"server: error: {exc}")
-        return ServeOutcome(EXIT_ENVIRONMENT, messages=[str(exc)])
+        return ServeOutcome(EXIT_FAILED, messages=[str(exc)])
     secrets = (api_key,) if api_key else ()
-    spec = build_spec(host, image_tag, handoff, api_key is not None, name, memlock_bytes)
+    spec = build_spec(host, image_tag, handoff, api_key is not None, name, memlock_bytes, launch)
     try:
         start = docker_run.ensure_server(client, spec, api_key)
     except docker_run.ServeError as exc:

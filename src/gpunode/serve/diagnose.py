@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from gpunode.nvidia import MOUNT_POINT
+
 FIX_FLAGS = "correct server.flags in the host file (the message names the flag and the value)"
 
 
@@ -92,7 +94,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # sglang 0.5.9 utils/common.py:1757-1760 (get_nvgpu_memory_capacity).
     Signature("nvidia_smi_missing", "nvidia-smi is not in the server container",
               (r"nvidia-smi not found\. Ensure NVIDIA drivers are installed",),
-              "the driver tree's bin/ must be mounted at /usr/local/nvidia/bin, on PATH (node stage; `gpunode check`)",
+              f"the driver tree's bin/ must be mounted at {MOUNT_POINT}/bin, on PATH (node stage; `gpunode check`)",
               "sglang 0.5.9 runs nvidia-smi while it reads its arguments"),
     # transformers 5.2.0 models/auto/configuration_auto.py:1445-1448.
     Signature("model_dir_empty", "the model directory has no config.json",

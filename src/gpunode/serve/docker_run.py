@@ -12,19 +12,16 @@ import hmac
 import io
 import json
 import re
-import shutil
 import tarfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Literal
 
 import docker
 from docker.models.containers import Container
 
-from gpunode import handoff
 from gpunode.serve import spec as specs
 from gpunode.serve.diagnose import Diagnosis, diagnose_docker_error
 from gpunode.serve.readiness import ProcessState
@@ -52,80 +49,6 @@ class StartResult:
     def as_dict(self) -> dict[str, str]:
         return {"action": self.action, "container_id": self.container_id, "name": self.name,
                 "reason": self.reason, "config_hash": self.config_hash}
-
-
-# ----------------------------------------------------------------------------- GPUs
-def gpu_node_paths(dev_root: Path, gpus: str | list[int]) -> list[str]:
-    """The NVIDIA device nodes present under ``dev_root``: the selected /dev/nvidiaN, then the
-    control nodes, then MIG capability nodes. Missing selected GPUs are simply absent here; the
-    caller compares."""
-    paths: list[str] = []
-    if isinstance(gpus, str):  # "all"
-        minors = sorted(int(p.name[6:]) for p in dev_root.glob("nvidia[0-9]*") if p.name[6:].isdigit())
-    else:
-        minors = list(gpus)
-    paths.extend(str(dev_root / f"nvidia{m}") for m in minors if (dev_root / f"nvidia{m}").exists())
-    paths.extend(str(dev_root / name) for name in NVIDIA_CONTROL_NODES if (dev_root / name).exists())
-    caps = dev_root / "nvidia-caps"
-    if caps.is_dir():
-        paths.extend(str(p) for p in sorted(caps.iterdir()))
-    return paths
-
-
-CDI_SPEC_FILE = handoff.CDI_SPEC_FILE
-
-
-def cdi_enabled(info: Mapping[str, Any]) -> bool:
-    """Docker 25+ lists its CDI spec folders in /info when CDI is on (by default from 28.2)."""
-    return bool(info.get("CDISpecDirs"))
-
-
-def from_cdi_spec(spec: Mapping[str, Any], gpus: str | list[int]) -> specs.GpuHandoff:
-    """The node's CDI spec as explicit devices and read-only mounts, for a Docker without CDI
-    (Debian 12's 20.10): the same list, so both ways give the server the same files."""
-    devices = {str(d.get("name")): d.get("containerEdits") or {} for d in spec.get("devices") or []}
-    names = ["all"] if gpus == "all" else [str(g) for g in gpus]
-    missing = [name for name in names if name not in devices]
-    if missing:
-        raise ServeError(f"the node's CDI spec ({CDI_SPEC_FILE}) has no device {', '.join(missing)}: re-run the node "
-                         "stage (`gpunode provision --tags node`)")
-    edits = [devices[name] for name in names] + [spec.get("containerEdits") or {}]
-    paths = list(dict.fromkeys(str(n["path"]) for edit in edits for n in edit.get("deviceNodes") or []))
-    binds = [(str(m["hostPath"]), str(m["containerPath"])) for edit in edits for m in edit.get("mounts") or []]
-    return specs.GpuHandoff.device_nodes(paths, binds=list(dict.fromkeys(binds)))
-
-
-def choose_gpu_handoff(info: Mapping[str, Any], gpus: str | list[int], *, local: bool,
-                       configured: str = "host-driver", cdi_spec: Mapping[str, Any] | None = None,
-                       dev_root: Path = Path("/dev")) -> specs.GpuHandoff:
-    """How the server gets the GPUs and the driver: ``configured`` is the host file's
-    ``container.gpu_handoff``. host-driver: the node's CDI spec through Docker's CDI when it has it,
-    else the same list by hand (``cdi_spec``: the spec's content; read here when the engine is
-    local). nvidia-runtime: NVIDIA's runtime, which the node stage installed."""
-    if configured == "nvidia-runtime":
-        runtimes = info.get("Runtimes") or {}
-        if "nvidia" in runtimes or (local and shutil.which("nvidia-container-runtime-hook")):
-            return specs.GpuHandoff.runtime(gpus)
-        raise ServeError("the host file picks gpu_handoff nvidia-runtime, but Docker has no nvidia runtime: run the "
-                         "node stage (`gpunode provision --tags node`), which installs nvidia-container-toolkit")
-    if cdi_enabled(info):
-        return specs.GpuHandoff.cdi(gpus)
-    if cdi_spec is None and local and Path(CDI_SPEC_FILE).is_file():
-        cdi_spec = json.loads(Path(CDI_SPEC_FILE).read_text())
-    if cdi_spec is not None:
-        return from_cdi_spec(cdi_spec, gpus)
-    if not local:
-        raise ServeError(f"no CDI spec {CDI_SPEC_FILE} on the node, and its Docker has no CDI: run the node stage "
-                         "(`gpunode provision --tags node`), which writes it from the host's driver tree")
-    paths = gpu_node_paths(dev_root, gpus)
-    found = {Path(p).name for p in paths}
-    wanted = ([f"nvidia{g}" for g in gpus] if gpus != "all" else []) + ["nvidiactl", "nvidia-uvm"]
-    missing = [name for name in wanted if name not in found]
-    if missing or not any(n[6:].isdigit() for n in found):
-        raise ServeError(f"no CDI spec {CDI_SPEC_FILE} here and device nodes missing under {dev_root}: "
-                         f"{', '.join(missing) or 'no /dev/nvidiaN'}; run the node stage")
-    # Only the nodes: a machine without gpunode's driver tree must bring the driver in its image.
-    return specs.GpuHandoff.device_nodes(paths, str(dev_root))
 
 
 # ----------------------------------------------------------------------------- containers

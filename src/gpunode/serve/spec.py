@@ -34,12 +34,11 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
-from gpunode import handoff
+from gpunode.handoff import GpuHandoff
 
 CONTAINER_NAME = "gpunode-sglang"
 LABEL_ROLE = "io.gpunode.role"
@@ -59,66 +58,6 @@ def jit_cache_volume(name: str) -> str:
     return f"{name}-jit-cache"
 
 
-
-
-@dataclass(frozen=True)
-class GpuHandoff:
-    """How the GPUs reach the container: the node's CDI spec, device nodes (and the driver tree)
-    handed in by hand, or the NVIDIA runtime."""
-
-    kind: Literal["runtime", "devices", "cdi"]
-    device_ids: tuple[str, ...] = ()  # runtime: which GPUs, empty means all; cdi: the CDI device names
-    nodes: tuple[tuple[str, str], ...] = ()  # devices: (path on the node, path in the container)
-    binds: tuple[tuple[str, str], ...] = ()  # devices: the driver's files, read-only (node path, container path)
-
-    @classmethod
-    def runtime(cls, gpus: str | Sequence[int]) -> GpuHandoff:
-        return cls("runtime", () if gpus == "all" else tuple(str(g) for g in gpus))
-
-    @classmethod
-    def cdi(cls, gpus: str | Sequence[int]) -> GpuHandoff:
-        names = ("all",) if gpus == "all" else tuple(str(g) for g in gpus)
-        return cls("cdi", tuple(f"{handoff.CDI_KIND}={name}" for name in names))
-
-    @classmethod
-    def device_nodes(cls, paths: Sequence[str], dev_root: str = "/dev",
-                     binds: Sequence[tuple[str, str]] = ()) -> GpuHandoff:
-        """Each node keeps its name under /dev inside (a lab keeps its nodes outside /dev);
-        ``binds``: the driver's files, mounted read-only."""
-        root = PurePosixPath(dev_root)
-        pairs = []
-        for path in paths:
-            inside = PurePosixPath("/dev") / PurePosixPath(path).relative_to(root)
-            pairs.append((path, str(inside)))
-        return cls("devices", nodes=tuple(pairs), binds=tuple(binds))
-
-    def docker_kwargs(self) -> dict[str, Any]:
-        if self.kind == "runtime":
-            request = (DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]]) if self.device_ids
-                       else DeviceRequest(count=-1, capabilities=[["gpu"]]))
-            return {"device_requests": [request]}
-        if self.kind == "cdi":
-            return {"device_requests": [DeviceRequest(driver="cdi", device_ids=list(self.device_ids))]}
-        return {"devices": [f"{outside}:{inside}:rwm" for outside, inside in self.nodes]}
-
-    def cli_args(self) -> list[str]:
-        """The same hand-off as `docker run` arguments (the node stage's probes and the checks
-        start their containers so)."""
-        if self.kind == "runtime":
-            return ["--gpus", "device=" + ",".join(self.device_ids) if self.device_ids else "all"]
-        if self.kind == "cdi":
-            return [f"--device={name}" for name in self.device_ids]
-        return ([f"--device={outside}:{inside}:rwm" for outside, inside in self.nodes]
-                + [f"--volume={outside}:{inside}:ro" for outside, inside in self.binds])
-
-    def run_kwargs(self) -> dict[str, Any]:
-        """docker_kwargs plus the driver's files, for a container with no mounts of its own."""
-        return {**self.docker_kwargs(), **({"mounts": self.mounts()} if self.binds else {})}
-
-    def mounts(self) -> list[Mount]:
-        """The driver's files, read-only, each where the image looks for it (they carry their
-        SONAMEs, so no ldconfig or symlink hook is needed)."""
-        return [Mount(target=inside, source=outside, type="bind", read_only=True) for outside, inside in self.binds]
 
 
 @dataclass(frozen=True)

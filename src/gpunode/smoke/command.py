@@ -27,14 +27,15 @@ from collections.abc import Callable
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
+from gpunode import exitcodes
 from gpunode.smoke import bench, checks
 from gpunode.smoke.client import Api, Reply, StreamReply
 from gpunode.smoke.report import CheckResult, SmokeReport, emit
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 4
+EXIT_OK = exitcodes.OK
+EXIT_FAILED = exitcodes.FAILED
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
 HEALTH_TIMEOUT_S = 30.0  # sglang's health generation may take up to its 20 s timeout
 ORDER = ("health", "models", "answer", "reasoning_off", "reasoning_on", "tool_call", "stream_answer",
          "stream_reasoning", "stream_tool_call", "bench")

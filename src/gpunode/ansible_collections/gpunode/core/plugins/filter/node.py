@@ -11,20 +11,27 @@ from typing import Any
 from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
+    from gpunode import handoff
     from gpunode.node.cdi import spec_json
     from gpunode.node.userspace import installed_versions, module_version, needs_install
-    from gpunode.serve.docker_run import choose_gpu_handoff
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
     installed_versions = module_version = needs_install = spec_json = None  # type: ignore[assignment]
-    choose_gpu_handoff = None  # type: ignore[assignment]
+    handoff = None  # type: ignore[assignment]
 else:
     IMPORT_ERROR = None
 
 
-def docker_handoff_args(cdi_spec: dict[str, Any], gpus: Any, docker_info: dict[str, Any]) -> list[str]:
-    """`docker run` arguments for the host-driver hand-off, chosen as serve chooses it."""
-    return choose_gpu_handoff(docker_info, gpus, local=False, cdi_spec=cdi_spec).cli_args()
+def docker_handoff_args(docker_info: dict[str, Any], gpus: Any, configured: str,
+                        cdi_spec: dict[str, Any] | None = None) -> list[str]:
+    """`docker run` arguments for the hand-off the host file configures, chosen as serve chooses it
+    (gpunode.handoff.choose): the probes start their containers like the server."""
+    from ansible.errors import AnsibleFilterError
+
+    try:
+        return handoff.choose(docker_info, gpus, local=False, configured=configured, cdi_spec=cdi_spec).cli_args()
+    except handoff.HandoffError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 class FilterModule:

@@ -18,7 +18,8 @@ import os
 import re
 import shutil
 
-TREE_ROOT = "/var/lib/gpunode/nvidia"
+TREE_ROOT = "/var/lib/gpunode/nvidia"  # on the Proxmox host: one tree per driver version
+MOUNT_POINT = "/usr/local/nvidia"  # in the LXC container (an mpN mount point) and in Docker containers
 MANIFEST = "gpunode-tree.json"
 LD_CACHE = "/etc/ld.so.cache"
 VERSION_FILE = "/sys/module/nvidia/version"

@@ -11,8 +11,22 @@ import os
 import re
 import stat
 
+# The NVIDIA device nodes, one definition for gpunode (FIELD-NOTES s2): the package reads them from
+# here (gpunode.nvidia), the roles' defaults carry copies a unit test holds equal to these.
+GPU_MAJOR = 195  # /dev/nvidiaN is char 195:N; nvidiactl 195:255, nvidia-modeset 195:254
 GPU_NODE = re.compile(r"^nvidia(\d+)$")
-NAMED = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# Every CUDA process needs these besides one /dev/nvidiaN per GPU; the nvidia-uvm pair has a
+# dynamic major (read /proc/devices) and appears only once something loads nvidia-uvm.
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# Handed in where the host has it.
+OPTIONAL_NODES = ("/dev/nvidia-modeset",)
+CAPS_DIR = "/dev/nvidia-caps"  # MIG capability nodes, handed in only with MIG
+DEV_MODE = "0666"  # what the NVIDIA driver itself gives these nodes on the host
+# The minors the driver gives the control nodes: nvidiactl and nvidia-modeset on GPU_MAJOR, the
+# nvidia-uvm pair 0 and 1 on its own dynamic major.
+MINORS = {"/dev/nvidiactl": 255, "/dev/nvidia-modeset": 254, "/dev/nvidia-uvm": 0, "/dev/nvidia-uvm-tools": 1}
+UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+NAMED = tuple(path[len("/dev/"):] for path in CONTROL_NODES + OPTIONAL_NODES)
 
 
 def proc_devices(path: str = "/proc/devices") -> dict[str, int]:

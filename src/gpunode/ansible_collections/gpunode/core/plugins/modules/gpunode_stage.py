@@ -6,8 +6,11 @@ DOCUMENTATION = r"""
 module: gpunode_stage
 short_description: Run a GPU-side provision stage on a node's Docker engine
 description:
-  - Runs one of gpunode's GPU-side stages (image, p2p, serve, smoke) for one host of a host file, through the
-    gpunode Python package, against the node's Docker engine over SSH.
+  - Runs one of gpunode's GPU-side stages (image, p2p, serve, smoke) for one host, through the gpunode
+    Python package, against the node's Docker engine over SSH.
+  - Takes the host as gpunode's inventory carries it (the validated host file entry, C(gpunode_host))
+    and the values derived from it once (C(gpunode_derived)); it parses no host file and computes
+    none of those values again.
   - Runs on the controller with gpunode's interpreter (delegated to localhost).
   - In check mode the stage reports what it would do and changes nothing.
 version_added: 0.1.0
@@ -21,13 +24,13 @@ options:
     type: str
     required: true
     choices: [image, p2p, serve, smoke]
-  hostfile:
-    description: The gpunode host file (YAML).
-    type: path
-    required: true
   host:
-    description: The host's name in the host file.
-    type: str
+    description: The host file's entry for this host, validated, as data (the inventory's C(gpunode_host)).
+    type: dict
+    required: true
+  derived:
+    description: The values gpunode derived from it (the inventory's C(gpunode_derived)).
+    type: dict
     required: true
   api_key_file:
     description: The run's file holding the server's API key, when the host file names one.
@@ -38,8 +41,8 @@ EXAMPLES = r"""
 - name: Start the server and wait until it serves
   gpunode.core.gpunode_stage:
     stage: serve
-    hostfile: /etc/gpunode/host.yml
-    host: pve1
+    host: "{{ gpunode_host }}"
+    derived: "{{ gpunode_derived }}"
   delegate_to: localhost
 """
 
@@ -54,8 +57,6 @@ data:
   type: dict
 """
 
-from pathlib import Path
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.core.plugins.module_utils import guard
 
@@ -64,8 +65,8 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "stage": {"type": "str", "required": True, "choices": ["image", "p2p", "serve", "smoke"]},
-            "hostfile": {"type": "path", "required": True},
-            "host": {"type": "str", "required": True},
+            "host": {"type": "dict", "required": True},
+            "derived": {"type": "dict", "required": True},
             "api_key_file": {"type": "path", "no_log": False},
         },
         supports_check_mode=True,
@@ -74,19 +75,22 @@ def main() -> None:
 
 
 def _run(module: AnsibleModule) -> None:
-    from gpunode import hostfile, stagerun
+    from pydantic import ValidationError
+
+    from gpunode import stage
     from gpunode.engine import EngineUnreachable
 
     p = module.params
     try:
-        hosts = {h.name: h for h in hostfile.load(Path(p["hostfile"])).hosts}
-    except hostfile.HostFileError as exc:
-        module.fail_json(msg=f"host file: {exc}")
-    if p["host"] not in hosts:
-        module.fail_json(msg=f"host file {p['hostfile']}: no host named {p['host']!r} "
-                             f"(it has: {', '.join(hosts) or 'none'})")
+        target = stage.Target.from_data(p["host"], p["derived"], p["api_key_file"])
+    except ValidationError as exc:
+        # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
+        first = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        module.fail_json(msg=f"{p['stage']}: the host data is not what this gpunode writes ({exc.title}): "
+                             f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}{more}")
     try:
-        result = stagerun.run(p["stage"], hosts[p["host"]], p["api_key_file"], module.check_mode)
+        result = stage.run(p["stage"], target, module.check_mode)
     except EngineUnreachable as exc:
         module.fail_json(msg=str(exc))
     summary = "\n".join(result.summary)

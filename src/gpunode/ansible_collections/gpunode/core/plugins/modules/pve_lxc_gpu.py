@@ -8,7 +8,7 @@ short_description: Create and keep an LXC container with NVIDIA GPUs passed thro
 description:
   - Converges one LXC container through the Proxmox VE API to a desired config, with one C(devN) entry per
     NVIDIA device node the host really has, and leaves it running.
-  - Thin over the gpunode package (gpunode.pve, on proxmoxer). Runs on the controller (delegated to localhost)
+  - Thin over the gpunode package (gpunode.container, on proxmoxer). Runs on the controller (delegated to localhost)
     with gpunode's interpreter, because the API is reached from there.
   - Owns only what it made. A container it creates carries the C(gpunode) tag and a description line naming the
     host; an existing container without the tag is refused before any write unless O(adopt) is set, and is never
@@ -93,15 +93,17 @@ options:
     type: bool
     default: false
   control_nodes:
-    description: Nodes the host must have and the container gets (nvidiactl and the nvidia-uvm pair).
+    description:
+      - Nodes the host must have and the container gets.
+      - Omitted, gpunode's own list (nvidiactl and the nvidia-uvm pair; C(gpunode.nvidia.CONTROL_NODES)).
     type: list
     elements: str
-    required: true
   optional_nodes:
-    description: Nodes the container gets when the host has them (nvidia-modeset).
+    description:
+      - Nodes the container gets when the host has them.
+      - Omitted, gpunode's own list (nvidia-modeset; C(gpunode.nvidia.OPTIONAL_NODES)).
     type: list
     elements: str
-    default: []
   driver_tree:
     description:
       - The host's NVIDIA user-space tree (built by M(gpunode.core.nvidia_driver_tree)), bind-mounted
@@ -149,7 +151,6 @@ EXAMPLES = r"""
       tags: gpunode
     devices: "{{ nodes.devices.keys() | list }}"
     gpus: all
-    control_nodes: [/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools]
     driver_tree: /var/lib/gpunode/nvidia/580.159.04
   delegate_to: localhost
 """
@@ -217,7 +218,7 @@ gpunode_unreachable:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils import guard
+from ansible_collections.gpunode.core.plugins.module_utils import driver_tree, guard
 
 
 ARGS = {
@@ -238,10 +239,10 @@ ARGS = {
     "devices": {"type": "list", "elements": "str", "required": True},
     "gpus": {"type": "raw", "default": "all"},
     "mig": {"type": "bool", "default": False},
-    "control_nodes": {"type": "list", "elements": "str", "required": True},
-    "optional_nodes": {"type": "list", "elements": "str", "default": []},
+    "control_nodes": {"type": "list", "elements": "str"},
+    "optional_nodes": {"type": "list", "elements": "str"},
     "driver_tree": {"type": "path"},
-    "driver_tree_root": {"type": "path", "default": "/var/lib/gpunode/nvidia"},
+    "driver_tree_root": {"type": "path", "default": driver_tree.TREE_ROOT},
     "ssh_public_keys_file": {"type": "path"},
     "allow_restart": {"type": "bool", "default": False},
     "allow_recreate": {"type": "bool", "default": False},
@@ -272,14 +273,15 @@ def main() -> None:
 
 def _run(module: AnsibleModule) -> None:
     try:
-        from gpunode.pve import lxc
-        from gpunode.pve.client import Connection, PveClient, PveError, PveUnreachable
+        from gpunode.container import lxc
+        from gpunode.container.client import Connection, PveClient, PveError, PveUnreachable
     except ImportError as exc:
         module.fail_json(msg=f"gpunode is not importable by {module._name}'s interpreter ({exc}): "
                              "run it through gpunode, which sets ansible_python_interpreter for localhost")
     p = module.params
     try:
-        devices = lxc.device_entries(p["devices"], p["gpus"], p["mig"], p["control_nodes"], p["optional_nodes"])
+        lists = {key: tuple(p[f"{key}_nodes"]) for key in ("control", "optional") if p[f"{key}_nodes"] is not None}
+        devices = lxc.device_entries(p["devices"], p["gpus"], p["mig"], **lists)
     except ValueError as exc:
         module.fail_json(msg=f"GPU device nodes: {exc}")
     desired = {**p["config"], **devices}
