@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from rich.markup import escape
 
 from gpunode import exitcodes, inventory
 from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
+from gpunode.derive import ROUTER_NODE, node_name
 from gpunode.hostfile import HostFile
 from gpunode.paths import state_dir
 
@@ -136,20 +138,27 @@ class _Collector:
         self.report.results.append(CheckResult(layer, host, check, status, message))
 
 
-def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
+def check_groups(hostfile: HostFile, layers: list[str]) -> list[tuple[str, list[str]]]:
+    """What runs side by side: each host of the file with its GPU node, and the router machine
+    (inventory names); each group's checks run in a pytest of their own."""
+    groups: list[tuple[str, list[str]]] = []
+    if any(layer != "router" for layer in layers):
+        groups += [(host.name, [host.name, node_name(host)]) for host in hostfile.hosts]
+    if hostfile.router is not None and "router" in layers:
+        groups.append((ROUTER_NODE, [ROUTER_NODE]))
+    return groups
+
+
+def run_group(inventory_file: Path, files: list[str], hosts: list[str]) -> CheckReport:
+    """The checks of ``files`` on ``hosts`` (inventory names), in this process."""
     import pytest
 
-    folder = state_dir() / "check"
-    folder.mkdir(parents=True, exist_ok=True)
-    inv = folder / "inventory.json"
-    inv.write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
-    chosen = layers or list(LAYERS)
-    files = [str(CHECKS_DIR / f"test_{layer}.py") for layer in chosen if (CHECKS_DIR / f"test_{layer}.py").exists()]
     collector = _Collector()
     # testinfra's ansible backend calls ansible-inventory: the one beside this interpreter.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    args = [*files, "--hosts=ansible://all", f"--ansible-inventory={inv}", "-p", "no:cacheprovider",
-            "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "-q", "--no-header", "-rN", "-p", "no:randomly"]
+    args = [*files, "--hosts=" + ",".join(f"ansible://{name}" for name in hosts), f"--ansible-inventory={inventory_file}",
+            "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "-q", "--no-header", "-rN",
+            "-p", "no:randomly"]
     errors = io.StringIO()
     with open(os.devnull, "w") as sink:
         saved = sys.stdout, sys.stderr
@@ -169,6 +178,52 @@ def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[
     elif not report.results:
         report.error = "no check ran: pytest collected and ran nothing"
     return report
+
+
+def _group_in_subprocess(inventory_file: Path, files: list[str], name: str, hosts: list[str],
+                         out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "gpunode.check", str(inventory_file), str(out), ",".join(hosts),
+                             *files], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _report_from(data: dict[str, Any]) -> CheckReport:
+    return CheckReport([CheckResult(**r) for r in data["results"]], data["error"], data["interrupted"])
+
+
+def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
+    """Every chosen layer's checks: one host's in this process; several hosts' side by side, a
+    pytest per host (with its GPU node) and one for the router, merged in the host file's order."""
+    folder = state_dir() / "check"
+    folder.mkdir(parents=True, exist_ok=True)
+    inv = folder / "inventory.json"
+    inv.write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
+    chosen = layers or list(LAYERS)
+    files = [str(CHECKS_DIR / f"test_{layer}.py") for layer in chosen if (CHECKS_DIR / f"test_{layer}.py").exists()]
+    groups = check_groups(hostfile, chosen)
+    if len(groups) == 1:
+        return run_group(inv, files, groups[0][1])
+    outs = {name: folder / f"report-{name}.json" for name, _ in groups}
+    procs = {}
+    try:
+        for name, hosts in groups:
+            outs[name].unlink(missing_ok=True)
+            procs[name] = _group_in_subprocess(inv, files, name, hosts, outs[name])
+        said = {name: proc.communicate()[1].decode(errors="replace") for name, proc in procs.items()}
+    except KeyboardInterrupt:
+        for proc in procs.values():
+            proc.terminate()
+        return CheckReport(interrupted=True)
+    merged = CheckReport()
+    for name, _hosts in groups:
+        if not outs[name].is_file():
+            merged.error = merged.error or f"no check ran for {name}: {tail(said[name]) or 'its pytest ended without a report'}"
+            continue
+        part = _report_from(json.loads(outs[name].read_text()))
+        merged.results += part.results
+        merged.interrupted |= part.interrupted
+        if part.error and not part.results:
+            merged.error = merged.error or f"{name}: {part.error}"
+    return merged
 
 
 def render(report: CheckReport, console: Console) -> None:
@@ -198,3 +253,16 @@ def as_json(report: CheckReport) -> str:
     return json.dumps({"exit_code": report.exit_code, "error": report.error, "counts": report.counts(),
                        "unreachable": {host: why for host, (why, _) in report.unreachable().items()},
                        "results": [asdict(r) for r in report.results]}, indent=2)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m gpunode.check INVENTORY OUT HOSTS FILE...``: one group's checks, its report as JSON in OUT."""
+    inventory_file, out, hosts, *files = argv
+    report = run_group(Path(inventory_file), files, hosts.split(","))
+    Path(out).write_text(json.dumps({"results": [asdict(r) for r in report.results], "error": report.error,
+                                     "interrupted": report.interrupted}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -33,7 +33,7 @@ def _codes(command: str) -> str:
 
 
 EXIT_CODES_HELP = _codes("provision")
-STAGE_CODES = "<stage> (host, container, node, image build, p2p, serve, smoke)"
+STAGE_CODES = "<stage> (host, container, node, image build, p2p, serve, smoke, router)"
 
 
 def _with_codes(command: Callable[..., None], *keys: str) -> None:
@@ -116,12 +116,18 @@ def plan(
                 _die(3, [f"{host.name}: {exc}"])
             except PveError as exc:
                 _die(1, [f"{host.name}: {exc}"])
+    router = planning.router_plan(hf)
     if as_json:
-        typer.echo(planning.as_json(plans))
+        typer.echo(planning.as_json(plans, router))
     else:
         from rich.console import Console
 
-        print_plan(plans, Console(highlight=False, soft_wrap=True))
+        from gpunode.render import print_router_plan
+
+        console = Console(highlight=False, soft_wrap=True)
+        print_plan(plans, console)
+        if router is not None:
+            print_router_plan(router, console)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -141,6 +147,10 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
         chosen = stage_list.select(tags, start)
     except ValueError as exc:
         _die(2, [str(exc)])
+    if hf.router is None and "router" in chosen:
+        if tags and "router" in tags:
+            _die(2, [f"{path}: --tags router: the host file has no router: section"])
+        chosen = [name for name in chosen if name != "router"]  # nothing to route: not a stage of this file
     lab_skipped: dict[str, str] = {}
     if not tags and all(host.lab for host in hf.hosts):
         # Left out only where every host leaves it out (a stand-in on each host runs serve and smoke).
@@ -155,6 +165,7 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
 
     from rich.console import Console
 
+    from gpunode import inventory
     from gpunode.runner import SecretUnavailable, print_recap, secret_files
     from gpunode.runner import provision as run_provision
 
@@ -166,7 +177,8 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
                 console.print(f"lab: not running stage {name}: {why} "
                               f"(--tags {name} runs it anyway)", markup=False)
             summary = run_provision(
-                hf, chosen, check=check, diff=diff, limit=limit, verbosity=verbose, console=console, secrets=secrets,
+                hf, chosen, check=check, diff=diff, limit=inventory.limit_pattern(hf, limit), verbosity=verbose,
+                console=console, secrets=secrets,
                 extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
                 vault_password_file=vault_password_file, adopt=adopt)
     except SecretUnavailable as exc:
@@ -233,10 +245,10 @@ def _stage_verb(name: str, summary: str) -> None:
 
 
 def _stage_verbs() -> None:
-    """host, container and node: only the stage; image (build), p2p, serve and smoke have --local too."""
+    """host, container, node and router: only the stage; image (build), p2p, serve and smoke have --local too."""
     from gpunode.stages import STAGES
 
-    for stage in STAGES[:3]:
+    for stage in (*STAGES[:3], STAGES[-1]):
         _stage_verb(stage.name, stage.summary)
 
 
@@ -269,9 +281,10 @@ def check(
     layers: Annotated[Optional[list[str]], typer.Option("--layer", help="only these layers (comma list)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
-    """Is this node right? testinfra checks by layer, one per stage.
+    """Is this node right? testinfra checks by layer, one per stage; several hosts are checked side
+    by side, each reported by name.
 
-    Layers: host, container, node, image, p2p, serve, smoke.
+    Layers: host, container, node, image, p2p, serve, smoke, router.
     """
     from gpunode.checks import LAYERS
 
@@ -280,6 +293,8 @@ def check(
     unknown = [layer for layer in chosen if layer not in LAYERS]
     if unknown:
         _die(2, [f"unknown layer {layer!r} (layers: {', '.join(LAYERS)})" for layer in unknown])
+    if chosen == ["router"] and hf.router is None:
+        _die(2, [f"{path}: --layer router: the host file has no router: section"])
 
     from rich.console import Console
 

@@ -8,13 +8,14 @@ stage parses the host file or computes them again (ARCHITECTURE.md, "The seam").
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from gpunode import profiles, stacks
-from gpunode.hostfile import Container, Host
+from gpunode.hostfile import Container, Host, HostFile, Ssh, worker_address
 from gpunode.image import aot, bases
 from gpunode.image.aot import AotPlan
 from gpunode.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NODES
@@ -185,3 +186,66 @@ def derive(host: Host) -> Derived:
         served_name=host.served_name, server_container=CONTAINER_NAME,
         probe_sources=(str(MODULE_UTILS / "nvidia_nodes.py"), str(PACKAGE / "probe" / "cuda_probe.py")),
     )
+
+
+# ----------------------------------------------------------------------------- the router
+ROUTER_NODE = "router"  # the router machine's inventory name (group routers)
+
+
+class RouterWorkerSpec(BaseModel):
+    """One host's server as the router's worker."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str  # the host file's name of the Proxmox host
+    node: str  # the inventory name of its GPU container
+    url: str  # where the router reaches the server
+
+
+class RouterDerived(BaseModel):
+    """What the router stage and the router check layer need, computed once from the host file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str  # the router machine's inventory name
+    runs_on: str | None  # the host whose GPU node runs it, or None for a machine of its own
+    reach: Ssh  # how the router machine is reached (its Docker engine, over SSH)
+    workers: tuple[RouterWorkerSpec, ...]
+    image_tag: str  # the router image's content tag
+    argv: tuple[str, ...]  # the router's flags (never the key)
+    served_name: str
+    url: str  # where clients reach the router
+    bench_image: str | None  # the server image on the router machine, when it is a GPU node (smoke's bench)
+    model_dir: str | None  # the model folder there, for the bench's tokenizer
+
+
+def router_reach(hostfile: HostFile) -> Ssh:
+    """How the router machine is reached: the GPU node of ``runs_on``'s host, or its own SSH."""
+    assert hostfile.router is not None
+    host = hostfile.router_host
+    if host is not None:
+        return host.container.reach
+    assert isinstance(hostfile.router.runs_on, Ssh)
+    return hostfile.router.runs_on
+
+
+def derive_router(hostfile: HostFile) -> RouterDerived | None:
+    from gpunode.router import image as router_image
+    from gpunode.router.spec import router_argv
+
+    router = hostfile.router
+    if router is None:
+        return None
+    workers = tuple(RouterWorkerSpec(host=host.name, node=node_name(host),
+                                     url=f"http://{worker_address(host)}:{host.server.port}")
+                    for host in hostfile.hosts)
+    on_host = hostfile.router_host
+    reach = router_reach(hostfile)
+    address = reach.address if ipaddress.ip_address(router.bind).is_unspecified else router.bind
+    return RouterDerived(
+        node=ROUTER_NODE, runs_on=on_host.name if on_host else None, reach=reach, workers=workers,
+        image_tag=router_image.collect(router.image.base, router.image.ca_bundle).tag,
+        argv=tuple(router_argv(router.port, [w.url for w in workers], router.policy, router.health_check_interval_s)),
+        served_name=hostfile.hosts[0].served_name, url=f"http://{address}:{router.port}",
+        bench_image=server_image(on_host) if on_host else None,
+        model_dir=str(on_host.model.path) if on_host else None)

@@ -29,10 +29,11 @@ COMMANDS: dict[str, dict[int, str]] = {
     "validate": {OK: "valid", BAD_INPUT: "bad input: not valid (every problem, one line each)"},
     "plan": {OK: "shown", FAILED: "--live: the API refused a read", BAD_INPUT: "bad host file, or a secret --live cannot read",
              UNREACHABLE: "--live: a Proxmox API unreachable"},
-    "provision": {OK: "every selected stage converged", FAILED: "a stage failed (host, task and message printed)",
+    "provision": {OK: "every selected stage converged", FAILED: "a stage failed on a host (each failed host, task "
+                  "and message printed, other hosts went on)",
                   BAD_INPUT: "bad host file, stage or flag", UNREACHABLE: "a host unreachable, nothing else failed",
                   ENVIRONMENT: "Ansible could not run", INTERRUPTED: "interrupted"},
-    "<stage> (host, container, node, image build, p2p, serve, smoke)": {
+    "<stage> (host, container, node, image build, p2p, serve, smoke, router)": {
         OK: "the stage converged on every host", FAILED: "it failed", BAD_INPUT: "bad host file or flag",
         UNREACHABLE: "a host unreachable", ENVIRONMENT: "Ansible could not run", INTERRUPTED: "interrupted"},
     "check": {OK: "every check passed (pending ones wait for a reload or reboot)", FAILED: "a check failed",

@@ -514,9 +514,125 @@ class Host(Strict):
         return self.model.served_name or profiles.load(self.profile_name).served_name
 
 
+class RouterImage(Strict):
+    """The router's own small image (gpunode.router.image): a base of images/sglang/bases.yml with
+    CPython 3.11 (the router lock's), built where ``build_on`` says."""
+
+    base: str = "debootstrap"
+    # router: the router machine's engine builds it (it needs PyPI); local: this machine's engine
+    # builds it and ships it there.
+    build_on: Literal["router", "local"] = "router"
+    ca_bundle: Path | None = None
+
+    @field_validator("base")
+    @classmethod
+    def _known_base(cls, value: str) -> str:
+        from gpunode.image import bases
+
+        try:
+            bases.parse(value)
+        except bases.BaseRefError as exc:
+            raise ValueError(str(exc)) from None
+        python = bases.base_of(value).python
+        if python != "3.11":
+            raise ValueError(f"{value} has Python {python}; the router's lock is for 3.11 (debootstrap or "
+                             "debian:bookworm-slim)")
+        return value
+
+
+class Router(Strict):
+    """SGLang's router (sglang-router) in front of every host's server: one endpoint for the fleet."""
+
+    # A host of this file (the router runs in Docker on its GPU node, beside its server), or a
+    # machine with Docker Engine reached over SSH.
+    runs_on: Annotated[str, Field(pattern=HOSTNAME_RE)] | Ssh
+    bind: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=1, le=65535)] = 30080
+    # The router's Prometheus metrics (per-worker request counts), published on the router
+    # machine's loopback only.
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = 29000
+    # The router's own choices (sglang_router/router_args.py) but manual, which routes by a
+    # routing key clients must send.
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = "cache_aware"
+    # The key clients give the router, and the router gives every worker: the hosts' servers must
+    # take the same one (server.api_key).
+    api_key: SecretRef | None = None
+    # How often the router asks each worker's /health: a dead worker leaves the rotation after
+    # three failed checks and comes back after two good ones (the router's own thresholds).
+    health_check_interval_s: Annotated[int, Field(ge=1, le=3600)] = 10
+    image: RouterImage = RouterImage()
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        return value
+
+    @model_validator(mode="after")
+    def _exposed_needs_key(self) -> Router:
+        if not ipaddress.ip_address(self.bind).is_loopback and self.api_key is None:
+            raise ValueError(f"bind {self.bind} is reachable from other machines: set api_key")
+        if self.port == self.metrics_port:
+            raise ValueError(f"port and metrics_port are both {self.port}")
+        return self
+
+
 class HostFile(Strict):
     version: Literal[1]
     hosts: Annotated[list[Host], Field(min_length=1)]
+    router: Router | None = None
+
+    @property
+    def router_host(self) -> Host | None:
+        """The host whose GPU node runs the router, when ``router.runs_on`` names one."""
+        if self.router is None or not isinstance(self.router.runs_on, str):
+            return None
+        return next((host for host in self.hosts if host.name == self.router.runs_on), None)
+
+
+def worker_address(host: Host) -> str:
+    """Where the router reaches a host's server: its bind address, or the node's own when it binds all."""
+    bind = ipaddress.ip_address(host.server.bind)
+    address = str(host.container.reach.address) if bind.is_unspecified else host.server.bind
+    return f"[{address}]" if ":" in address else address
+
+
+def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
+    """What the router needs of the hosts: a host named by ``on``, servers it can reach with its
+    one key, one model, and no port taken twice on one node."""
+    router = hf.router
+    if router is None:
+        return []
+
+    def at(path: tuple[str | int, ...], text: str) -> str:
+        line = src.line_of(path)
+        return f"{format_path(path)}: {text}" + (f" (line {line})" if line else "")
+
+    problems: list[str] = []
+    names = [host.name for host in hf.hosts]
+    if isinstance(router.runs_on, str) and router.runs_on not in names:
+        problems.append(at(("router", "runs_on"), f"{router.runs_on!r} is not a host of this file ({', '.join(names)})"))
+    served = hf.hosts[0].served_name
+    for index, host in enumerate(hf.hosts):
+        if ipaddress.ip_address(host.server.bind).is_loopback:
+            problems.append(at(("hosts", index, "server", "bind"), f"{host.server.bind}: the router cannot reach a "
+                               "server on loopback: bind 0.0.0.0 or the node's address (with server.api_key)"))
+        if host.server.api_key != router.api_key:
+            problems.append(at(("hosts", index, "server", "api_key"), "the router sends its one key to every worker: "
+                               "give the same secret as router.api_key" if router.api_key else
+                               "the router has no api_key to send: leave server.api_key unset too, or give router.api_key"))
+        if host.served_name != served:
+            problems.append(at(("hosts", index, "model", "served_name"), f"{host.served_name!r}: the router serves one "
+                               f"model, and hosts[0] serves {served!r}"))
+    on_host = hf.router_host
+    if on_host is not None:
+        for key in ("port", "metrics_port"):
+            if getattr(router, key) == on_host.server.port:
+                problems.append(at(("router", key), f"{on_host.server.port} is taken on {on_host.name}'s node by its server"))
+    return problems
 
 
 def _repeats(hf: HostFile, src: YamlSource) -> list[str]:
@@ -637,7 +753,7 @@ def parse(src: YamlSource) -> HostFile:
         hf = HostFile.model_validate(src.data)
     except ValidationError as exc:
         raise HostFileError(problems_from(exc, src)) from None
-    problems = _repeats(hf, src)
+    problems = _repeats(hf, src) + _router_problems(hf, src)
     if problems:
         raise HostFileError(problems)
     return hf

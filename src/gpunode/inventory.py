@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpunode.derive import derive, node_name
+from gpunode.derive import ROUTER_NODE, derive, derive_router, node_name, router_reach
 from gpunode.hostfile import Host, HostFile, SecretRef, Ssh
 
 
@@ -60,18 +60,51 @@ def build(hostfile: HostFile, secrets: SecretFiles | None = None) -> dict[str, A
     container under gpu_nodes (``container.ssh``), both with host_vars."""
     secrets = secrets or {}
     shared = {host.name: host_vars(host, secrets) for host in hostfile.hosts}
+    children: dict[str, Any] = {
+        "pve_hosts": {"hosts": {host.name: {**_ssh_vars(host.ssh), **shared[host.name]}
+                                for host in hostfile.hosts}},
+        "gpu_nodes": {"hosts": {node_name(host): {**_ssh_vars(host.container.reach), **shared[host.name]}
+                                for host in hostfile.hosts}},
+    }
+    if hostfile.router is not None:
+        children["routers"] = {"hosts": {ROUTER_NODE: {**_ssh_vars(router_reach(hostfile)),
+                                                       **router_vars(hostfile, secrets)}}}
     return {
         "all": {
             # API modules run here, with gpunode's own interpreter (they import gpunode).
             "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
-            "children": {
-                "pve_hosts": {"hosts": {host.name: {**_ssh_vars(host.ssh), **shared[host.name]}
-                                        for host in hostfile.hosts}},
-                "gpu_nodes": {"hosts": {node_name(host): {**_ssh_vars(host.container.reach), **shared[host.name]}
-                                        for host in hostfile.hosts}},
-            }
+            "children": children,
         }
     }
+
+
+def router_vars(hostfile: HostFile, secrets: SecretFiles) -> dict[str, Any]:
+    """The router machine's crossing: the router's settings as data, the values derived for it
+    once, and the run's file holding its key."""
+    assert hostfile.router is not None
+    derived = derive_router(hostfile)
+    assert derived is not None
+    key = secrets.get((ROUTER_NODE, "api_key"))
+    return {"gpunode_router": hostfile.router.model_dump(mode="json"), "gpunode_derived": derived.model_dump(mode="json"),
+            "gpunode_secrets": {"api_key_file": str(key) if key else None}}
+
+
+def limit_pattern(hostfile: HostFile, limit: str | None) -> str | None:
+    """``--limit`` in the host file's words: a host's name brings its GPU node along (and the
+    router, which must learn of a worker that comes back); anything else is an Ansible pattern."""
+    if not limit:
+        return limit
+    names = {host.name: host for host in hostfile.hosts}
+    out: list[str] = []
+    for part in (p.strip() for p in limit.split(",")):
+        if not part:
+            continue
+        out.append(part)
+        if part in names:
+            out.append(node_name(names[part]))
+            if hostfile.router is not None:
+                out.append(ROUTER_NODE)
+    return ",".join(dict.fromkeys(out))
 
 
 def secret_refs(hostfile: HostFile) -> dict[tuple[str, str], SecretRef]:
@@ -82,7 +115,16 @@ def secret_refs(hostfile: HostFile) -> dict[tuple[str, str], SecretRef]:
                            ("api_key", host.server.api_key)):
             if ref is not None:
                 refs[(host.name, field)] = ref
+    if hostfile.router is not None and hostfile.router.api_key is not None:
+        refs[(ROUTER_NODE, "api_key")] = hostfile.router.api_key
     return refs
+
+
+def secret_where(hostfile: HostFile, owner: str, field: str) -> str:
+    """Which secret of the host file, for a message: ``hosts[1] api_key``, ``router api_key``."""
+    if owner == ROUTER_NODE:
+        return f"router {field}"
+    return f"hosts[{[h.name for h in hostfile.hosts].index(owner)}] {field}"
 
 
 def secret_env_names(hostfile: HostFile) -> set[str]:

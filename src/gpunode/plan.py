@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode import profiles, stacks
-from gpunode.derive import Derived, container_config, derive, dev_entries
+from gpunode.derive import Derived, container_config, derive, derive_router, dev_entries
 from gpunode.hostfile import Host, HostFile
 from gpunode.image import bases
 from gpunode.nvidia import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
@@ -168,7 +168,7 @@ def plan_host(host: Host) -> HostPlan:
         server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
-        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES],
+        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES if s.name != "router"],
     )
 
 
@@ -176,5 +176,26 @@ def make_plan(hostfile: HostFile) -> list[HostPlan]:
     return [plan_host(host) for host in hostfile.hosts]
 
 
-def as_json(plans: list[HostPlan]) -> str:
-    return json.dumps({"hosts": [asdict(plan) for plan in plans]}, indent=2)
+def router_plan(hostfile: HostFile) -> dict[str, Any] | None:
+    """The router stage, when the host file has a router: where it runs, its image, flags and workers."""
+    derived = derive_router(hostfile)
+    router = hostfile.router
+    if derived is None or router is None:
+        return None
+    where = (f"{derived.runs_on}'s GPU node ({derived.reach.address}), beside its server" if derived.runs_on
+             else f"{derived.reach.user}@{derived.reach.address} (a machine of its own, with Docker Engine)")
+    stage = next(s for s in STAGES if s.name == "router")
+    return {"runs_on": where, "url": derived.url, "policy": router.policy,
+            "api_key": router.api_key.describe() if router.api_key else None,
+            "image": derived.image_tag, "image_base": router.image.base,
+            "image_built_on": "this machine's engine, then shipped" if router.image.build_on == "local"
+            else "the router machine's engine",
+            "command": "python3 /opt/gpunode/router_launch.py " + " ".join(derived.argv)
+            + (" (+ --api-key from the key file, never on the command line)" if router.api_key else ""),
+            "metrics": f"127.0.0.1:{router.metrics_port} on the router machine (Prometheus; per-worker request counts)",
+            "workers": [w.model_dump() for w in derived.workers],
+            "stage": {"name": stage.name, "summary": stage.summary, "checks": list(stage.checks)}}
+
+
+def as_json(plans: list[HostPlan], router: dict[str, Any] | None = None) -> str:
+    return json.dumps({"hosts": [asdict(plan) for plan in plans], "router": router}, indent=2)

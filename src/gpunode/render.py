@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -77,3 +79,18 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         for stage in plan.stages:
             table.add_row(stage["name"], stage["summary"] + "".join(f"\n  - {check}" for check in stage["checks"]))
         console.print(table)
+
+
+def print_router_plan(router: dict[str, Any], console: Console) -> None:
+    console.rule("router")
+    console.print(f"SGLang's router on {router['runs_on']}: {router['url']} (policy {router['policy']}, "
+                  f"API key {router['api_key'] or 'none'})")
+    console.print(f"image {router['image']} (base {router['image_base']}, built on {router['image_built_on']})")
+    console.print(f"command: {escape(router['command'])}")
+    console.print(f"metrics: {router['metrics']}")
+    console.print("[bold]Workers[/bold]")
+    for worker in router["workers"]:
+        console.print(f"  - {worker['host']}: {worker['url']} (node {worker['node']})")
+    console.print(f"[bold]Stage[/bold] {router['stage']['name']}: {router['stage']['summary']}")
+    for check in router["stage"]["checks"]:
+        console.print(f"  check: {check}")

@@ -58,6 +58,9 @@ class RunSummary:
     failures: list[Failure] = field(default_factory=list)
     artifacts: str = ""
     log: str = ""
+    # The host file's hosts (and "router") that failed or were unreachable, in the file's order:
+    # what `--limit` re-runs.
+    failed_hosts: list[str] = field(default_factory=list)
 
     def totals(self, host: str | None = None) -> dict[str, int]:
         keys = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored")
@@ -182,7 +185,7 @@ def secret_files(hostfile: HostFile) -> Iterator[inventory.SecretFiles]:
     try:
         paths: inventory.SecretFiles = {}
         for (host, field), ref in inventory.secret_refs(hostfile).items():
-            where = f"hosts[{[h.name for h in hostfile.hosts].index(host)}] {field}"
+            where = inventory.secret_where(hostfile, host, field)
             if ref.file is not None:
                 path = ref.file.expanduser()
                 if not path.is_file():
@@ -351,12 +354,21 @@ def _run(
             failures=progress.failures,
             artifacts=str(private / "artifacts" / ident),
             log=str(log_path),
+            failed_hosts=failed_hosts(hostfile, {failure.host for failure in progress.failures}),
         )
         log.write(f"ansible output: {summary.artifacts}/stdout\n")
     record = json.dumps(asdict(summary), indent=2)
     (private / "artifacts" / ident / "summary.json").write_text(record)
     (state / "last-run.json").write_text(record)
     return summary
+
+
+def failed_hosts(hostfile: HostFile, names: set[str]) -> list[str]:
+    """The host file's hosts behind failed inventory names (a Proxmox host, its GPU node), and the router."""
+    from gpunode.derive import ROUTER_NODE, node_name
+
+    out = [host.name for host in hostfile.hosts if {host.name, node_name(host)} & names]
+    return out + ([ROUTER_NODE] if ROUTER_NODE in names else [])
 
 
 def print_recap(summary: RunSummary, console: Console) -> None:
@@ -369,5 +381,8 @@ def print_recap(summary: RunSummary, console: Console) -> None:
     console.print(table)
     for failure in summary.failures:
         console.print(f"[red]failed:[/red] {escape(failure.host)} | {escape(failure.task)} | {escape(failure.message)}", highlight=False, soft_wrap=True)
+    if summary.failed_hosts:
+        console.print(f"failed hosts: {', '.join(summary.failed_hosts)} (re-run just those: --limit "
+                      f"{','.join(summary.failed_hosts)})", highlight=False, soft_wrap=True)
     console.print(f"log: {summary.log}\nartifacts: {summary.artifacts}", highlight=False)
 

@@ -22,7 +22,7 @@ from gpunode.derive import Derived, derive
 from gpunode.engine import Forward, forward
 from gpunode.hostfile import Host, SecretRef
 
-GPU_STAGES = ("image", "p2p", "serve", "smoke")
+GPU_STAGES = ("image", "p2p", "serve", "smoke", "router")
 
 
 @dataclass(frozen=True)
@@ -76,24 +76,38 @@ def node_handoff(host: Host, client: Any) -> Any:
                           cdi_spec=spec)
 
 
-def _runner(name: str) -> Callable[[Target, Forward, bool], StageResult]:
+def _runner(name: str) -> Callable[[Any, Forward, bool], StageResult]:
     return import_module(f"gpunode.{name}.stage").run  # type: ignore[no-any-return]
 
 
-def run(name: str, target: Target, check_mode: bool) -> StageResult:
-    """Run one GPU-side stage for ``target`` on its node's engine (messages say no stage name: the
-    module puts it in front)."""
+def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> Any:
+    """The stage's target from the inventory's data: a host's (Target), or the router's
+    (gpunode.router.stage.RouterTarget: ``host`` is then the router's settings)."""
+    if name == "router":
+        from gpunode.router.stage import RouterTarget
+
+        return RouterTarget.from_data(host, derived, api_key_file)
+    return Target.from_data(host, derived, api_key_file)
+
+
+def run(name: str, target: Any, check_mode: bool) -> StageResult:
+    """Run one GPU-side stage for ``target`` on its machine's engine: the node's, or for the router
+    the router machine's (messages say no stage name: the module puts it in front)."""
     import docker
 
     if name not in GPU_STAGES:
         raise ValueError(f"unknown GPU-side stage {name!r} (stages: {', '.join(GPU_STAGES)})")
-    image = target.derived.image_tag if name == "p2p" else target.derived.server_image
+    if name == "router":
+        reach, ports = target.derived.reach, (target.router.port, target.router.metrics_port)
+        image = target.derived.image_tag
+    else:
+        host = target.host
+        reach, ports = host.container.reach, ((host.server.port,) if name == "smoke" else ())
+        image = target.derived.image_tag if name == "p2p" else target.derived.server_image
     missing = (f"the image {image} is not on the node's engine: run the image stage first "
                "(`gpunode provision --tags image`)")
-    host = target.host
     try:
-        ports = (host.server.port,) if name == "smoke" else ()
-        with forward(host.container.reach, ports) as fw:
+        with forward(reach, ports) as fw:
             return _runner(name)(target, fw, check_mode)
     except docker.errors.ImageNotFound:
         return StageResult(failed=True, summary=[missing])
@@ -105,4 +119,4 @@ def run(name: str, target: Target, check_mode: bool) -> StageResult:
         return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
 
 
-__all__ = ["GPU_STAGES", "StageResult", "Target", "console", "node_handoff", "run"]
+__all__ = ["GPU_STAGES", "StageResult", "Target", "console", "node_handoff", "run", "target_from_data"]

@@ -46,6 +46,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("smoke", "prove the server answers correctly", (
         "/v1/models lists the served name; known answer; reasoning on/off; tool call; short bench with 0 failures",
     )),
+    Stage("router", "SGLang's router in front of every host's server (host files with a router: section)", (
+        "router container running the pinned, hash-locked router image with the host file's workers and policy",
+        "every host's server registered and healthy in the router; /v1/models answers through it",
+        "the smoke checks pass through the router",
+    )),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
@@ -57,9 +62,10 @@ LAB_LEAVES_OUT: dict[str, str] = {
     "p2p": "the lab has no GPU behind its node",
     "serve": "the lab has no GPU behind its node",
     "smoke": "the lab has no GPU behind its node",
+    "router": "the lab has no GPU behind its nodes: no server for the router to route to",
 }
 # With image.lab_stand_in the image stage ships the fake server's image and serve/smoke run it.
-STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke")
+STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke", "router")
 
 
 def lab_leaves_out(stand_in: bool) -> dict[str, str]:

@@ -92,7 +92,12 @@ def _build_collection(node: MappingNode | SequenceNode, path: PathKey, src: Yaml
                 continue
             key = _build(key_node, path + ("<key>",), src) if not isinstance(key_node, ScalarNode) else _scalar(key_node)
             if not isinstance(key, str):
-                src.problems.append((path, f"key {key!r} must be a string", key_node.start_mark.line + 1))
+                # YAML 1.1 reads a bare on/off/yes/no as a boolean: say which word was written.
+                why = ""
+                if isinstance(key, bool) and isinstance(key_node, ScalarNode):
+                    why = f" (YAML reads {key_node.value!r} as {key}" + (
+                        ": the router's key is runs_on)" if key_node.value.lower() == "on" else ": quote it)")
+                src.problems.append((path, f"key {key!r} must be a string{why}", key_node.start_mark.line + 1))
                 key = str(key)
             child = path + (key,)
             if key in out:

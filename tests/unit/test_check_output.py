@@ -48,7 +48,7 @@ def test_unknown_layer_is_bad_input(gpunode) -> None:
     result = gpunode("check", str(LAB), "--layer", "gpu")
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, node, image, p2p, "
-                                     "serve, smoke)")
+                                     "serve, smoke, router)")
 
 
 def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:

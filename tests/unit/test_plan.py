@@ -118,7 +118,9 @@ def test_plan_contacts_nothing(gpunode, monkeypatch: pytest.MonkeyPatch) -> None
     result = gpunode("plan", str(EXAMPLE), "--json")
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert [s["name"] for s in data["hosts"][0]["stages"]] == list(stages.STAGE_NAMES)
+    # Each host's stages; the router's is the fleet's, shown with the router when the file has one.
+    assert [s["name"] for s in data["hosts"][0]["stages"]] == [n for n in stages.STAGE_NAMES if n != "router"]
+    assert data["router"] is None
     human = gpunode("plan", str(EXAMPLE))
     for needle in ("dev7: /dev/nvidia7,mode=0666", "uvm_disable_hmm=1", "gpunode/sglang:0.5.9-cu128-",
                    "--moe-runner-backend flashinfer_cutlass", "NCCL_P2P_LEVEL=PHB", "stages and checks"):
@@ -128,7 +130,7 @@ def test_plan_contacts_nothing(gpunode, monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("tags,start,expected", [
     (None, None, list(stages.STAGE_NAMES)),
-    (None, "node", ["node", "image", "p2p", "serve", "smoke"]),
+    (None, "node", ["node", "image", "p2p", "serve", "smoke", "router"]),
     (["node", "smoke"], None, ["node", "smoke"]),
     (["host", "serve"], "node", ["serve"]),
 ])
@@ -167,6 +169,6 @@ def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
 
 
 def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:
-    assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke"}
+    assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke", "router"}
     assert set(stages.lab_leaves_out(True)) == {"p2p"}, "the fake server cannot measure P2P"
     assert "no GPU" in stages.lab_leaves_out(True)["p2p"]

@@ -46,7 +46,7 @@ def test_changed_settings_names_what_differs() -> None:
 
 
 def test_key_archive_holds_one_private_file() -> None:
-    data = docker_run._key_archive("k-123")
+    data = docker_run._key_archive(docker_run.server_key("k-123"))
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = {m.name: m for m in tar.getmembers()}
         assert members["run/gpunode/sglang-api-key.yaml"].mode == 0o400

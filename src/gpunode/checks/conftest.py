@@ -82,6 +82,12 @@ def gpunode_secrets(hostvars: dict[str, Any]) -> dict[str, Any]:
     return dict(hostvars.get("gpunode_secrets") or {})
 
 
+@pytest.fixture(scope="module")
+def gpunode_router(hostvars: dict[str, Any]) -> dict[str, Any]:
+    """The host file's router section, on the router machine (group routers)."""
+    return dict(hostvars.get("gpunode_router") or {})
+
+
 @pytest.fixture
 def pve_host(host: Any) -> Any:
     """The host, when it is a Proxmox host (group pve_hosts); other hosts skip this check."""
@@ -138,21 +144,30 @@ def _kernels(host: Any, gpunode_host: dict[str, Any]) -> dict[str, Any]:
     return _KERNELS[name]
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One test per installed kernel of the Proxmox hosts (``kernel``): the list is read from the
-    hosts when the checks are collected; a host without that kernel skips it."""
-    if "kernel" not in metafunc.fixturenames:
-        return
+def _hosts(config: pytest.Config) -> list[Any]:
+    """The hosts exactly as testinfra's own plugin makes them (testinfra/plugin.py pytest_generate_tests)."""
     import testinfra
 
+    option = config.option
+    return testinfra.get_hosts((option.hosts or "").split(","), connection=option.connection,
+                               ssh_config=option.ssh_config, ssh_identity_file=option.ssh_identity_file,
+                               sudo=option.sudo, sudo_user=option.sudo_user, ansible_inventory=option.ansible_inventory,
+                               force_ansible=option.force_ansible)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per installed kernel of the Proxmox hosts (``kernel``): the list is read from the
+    hosts when the checks are collected; a host without that kernel skips it. One test per worker
+    of the router (``worker``, its host's name), from the inventory alone."""
+    if "worker" in metafunc.fixturenames:
+        workers = [w["host"] for host in _hosts(metafunc.config)
+                   if "routers" in host.backend.get_variables().get("group_names", [])
+                   for w in host.backend.get_variables()["gpunode_derived"]["workers"]]
+        metafunc.parametrize("worker", workers or ["no-router"])
+    if "kernel" not in metafunc.fixturenames:
+        return
     found: set[str] = set()
-    option = metafunc.config.option
-    # The hosts exactly as testinfra's own plugin makes them (testinfra/plugin.py pytest_generate_tests).
-    hosts = testinfra.get_hosts((option.hosts or "").split(","), connection=option.connection,
-                                ssh_config=option.ssh_config, ssh_identity_file=option.ssh_identity_file,
-                                sudo=option.sudo, sudo_user=option.sudo_user, ansible_inventory=option.ansible_inventory,
-                                force_ansible=option.force_ansible)
-    for host in hosts:
+    for host in _hosts(metafunc.config):
         variables = host.backend.get_variables()
         if "pve_hosts" not in variables.get("group_names", []) or _unreachable(host):
             continue

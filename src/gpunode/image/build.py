@@ -23,7 +23,7 @@ from gpunode.hostfile import Image
 from gpunode.image import bases
 from gpunode.image.aot import AotPlan, modules_json
 from gpunode.image.base import BaseDigest, BaseError, ensure_debootstrap_base, ensure_registry_base, image_exists
-from gpunode.image.context import LABEL_PREFIX, BuildInputs, ImageInputError, collect_inputs, context_tar
+from gpunode.image.context import LABEL_PREFIX, BuildContext, BuildInputs, ImageInputError, collect_inputs, context_tar
 
 # A cold build downloads ~4 GB of wheels, and a build step streams nothing until it ends: FlashInfer's
 # MoE module alone is about half an hour of one step on 2 cores, ~8 min on 8 (benchmarks/aot_build.py).
@@ -130,7 +130,7 @@ def build_labels(inputs: BuildInputs, base_digest: BaseDigest | None) -> dict[st
     return labels
 
 
-def stream_build(client: docker.DockerClient, inputs: BuildInputs, tag: str, display: BuildDisplay,
+def stream_build(client: docker.DockerClient, inputs: BuildContext, tag: str, display: BuildDisplay,
                  labels: dict[str, str] | None = None) -> str:
     """Run the build; returns the image id. Intermediate containers are removed even on failure."""
     chunks: Iterable[dict[str, Any]] = client.api.build(

@@ -135,11 +135,24 @@ def pin_labels(pins: Mapping[str, str], stack: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class BuildInputs:
-    """Everything one build needs, read once: the tag is computed from these bytes alone."""
+class BuildContext:
+    """What a build sends to Docker: the rendered Dockerfile and the files beside it. An image's
+    content tag is made from these bytes (the server image's, and the router's)."""
 
     dockerfile: str
     files: dict[str, bytes]  # context path -> content, besides the Dockerfile
+
+    def digest(self) -> str:
+        digest = hashlib.sha256()
+        for path, content in sorted({"Dockerfile": self.dockerfile.encode(), **self.files}.items()):
+            digest.update(path.encode() + b"\0" + hashlib.sha256(content).digest())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class BuildInputs(BuildContext):
+    """Everything one server image build needs, read once: the tag is computed from these bytes alone."""
+
     base_ref: str
     debootstrap: DebootstrapBase | None
     patches: tuple[str, ...]
@@ -149,12 +162,6 @@ class BuildInputs:
     lock_problems: tuple[str, ...] = field(default=())
     toolchain: bases.Toolchain | None = None
     aot: AotPlan | None = None
-
-    def digest(self) -> str:
-        digest = hashlib.sha256()
-        for path, content in sorted({"Dockerfile": self.dockerfile.encode(), **self.files}.items()):
-            digest.update(path.encode() + b"\0" + hashlib.sha256(content).digest())
-        return digest.hexdigest()
 
     @property
     def tag(self) -> str:
@@ -237,7 +244,7 @@ def image_tag(image: Image, folder: Path | None = None, aot: AotPlan | None = No
     return collect_inputs(image, folder, aot).tag
 
 
-def context_tar(inputs: BuildInputs) -> bytes:
+def context_tar(inputs: BuildContext) -> bytes:
     """The build context as a tar with fixed owners and times, so it depends on content alone."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

@@ -12,7 +12,10 @@
 * a second such container, ``gpunode-lab-host`` (10.0.3.11), standing in for the Proxmox host
   itself: same device nodes in its /dev, initramfs-tools and kmod installed, and the files
   recorded on a real H200 machine (recorded/h200/sysroot.tar.gz) unpacked at
-  /var/lib/gpunode-lab-facts.
+  /var/lib/gpunode-lab-facts;
+* a second site for the fleet (inventory/lab/fleet.yml): another Proxmox host stand-in
+  ``gpunode-lab-host2`` (10.0.3.13) with its own fakepve on https://127.0.0.3:8006 and GPU node
+  ``gpunode-lab2`` (10.0.3.12), and the API key the fleet's servers and router share.
 
 `down()` takes it apart again; `status()` reports what is there. Failures raise `LabError` with
 a one-line message naming what failed and how to fix it.
@@ -36,18 +39,19 @@ from gpunode.lab.contract import (
     HOST_CONTAINER_IP, HOST_CONTAINER_NAME, HOST_DRIVER_LAYOUT, HOST_ROOTFS, IPTABLES_COMMENT, KNOWN_HOSTS,
     LAB_CONTAINERS, LAB_DIR, LAB_GPU_COUNT, LAB_HOST_FACTS_ROOT, LAB_SUBNET, LXC_PATH, NVIDIA_MAJOR, PVE_CA,
     PVE_HOST, PVE_MODULE, PVE_MOUNTS, PVE_NODE, PVE_PASSWORD_FILE, PVE_PID_FILE, PVE_PORT, PVE_URL, PVE_USER,
-    RECORDED, ROOTFS, STANDIN, UVM_MAJOR_FILE, LabContainer, LabError, LabInfo,
+    FLEET_API_KEY, RECORDED, ROOTFS, SITE, SITE2, SITES, STANDIN, UVM_MAJOR_FILE, LabContainer, LabError, LabInfo,
+    LabSite,
 )
 from gpunode.lab.devices import device_nodes, uvm_major
-from gpunode.lab.fakepve import pve_ticket
+from gpunode.lab.fakepve import pve_answers, pve_ticket, stop_pve
 
 __all__ = [
     "BRIDGE", "BRIDGE_CIDR", "BRIDGE_IP", "CONFIG_BEGIN", "CONFIG_END", "CONTAINER_CONFIG", "CONTAINER_HOSTNAME",
     "CONTAINER_IP", "CONTAINER_NAME", "DEV_DIR", "GPU_CONTAINER", "HOST_CA_BUNDLE", "HOST_CONTAINER",
     "HOST_CONTAINER_HOSTNAME", "HOST_CONTAINER_IP", "HOST_CONTAINER_NAME", "HOST_DRIVER_LAYOUT", "HOST_ROOTFS",
-    "IPTABLES_COMMENT", "KNOWN_HOSTS", "LAB_CONTAINERS", "LAB_DIR", "LAB_GPU_COUNT", "LAB_HOST_FACTS_ROOT",
+    "FLEET_API_KEY", "IPTABLES_COMMENT", "KNOWN_HOSTS", "LAB_CONTAINERS", "LAB_DIR", "LAB_GPU_COUNT", "LAB_HOST_FACTS_ROOT",
     "LAB_SUBNET", "LXC_PATH", "NVIDIA_MAJOR", "PVE_CA", "PVE_HOST", "PVE_MODULE", "PVE_MOUNTS", "PVE_NODE",
-    "PVE_PASSWORD_FILE", "PVE_PID_FILE", "PVE_PORT", "PVE_URL", "PVE_USER", "RECORDED", "ROOTFS", "STANDIN",
-    "UVM_MAJOR_FILE", "LabContainer", "LabError", "LabInfo", "cgroup_device_key", "device_nodes", "down",
-    "pve_ticket", "ssh_command", "status", "up", "uvm_major",
+    "PVE_PASSWORD_FILE", "PVE_PID_FILE", "PVE_PORT", "PVE_URL", "PVE_USER", "RECORDED", "ROOTFS", "SITE", "SITE2",
+    "SITES", "STANDIN", "UVM_MAJOR_FILE", "LabContainer", "LabError", "LabInfo", "LabSite", "cgroup_device_key",
+    "device_nodes", "down", "pve_answers", "pve_ticket", "ssh_command", "status", "stop_pve", "up", "uvm_major",
 ]

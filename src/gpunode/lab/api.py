@@ -12,16 +12,16 @@ from gpunode.lab.containers import (
     ssh_works, stop_container,
 )
 from gpunode.lab.contract import (
-    BRIDGE, BRIDGE_CIDR, BRIDGE_IP, CONTAINER_IP, CONTAINER_NAME, GPU_CONTAINER, HOST_CONTAINER,
+    BRIDGE, BRIDGE_CIDR, BRIDGE_IP, CONTAINER_IP, CONTAINER_NAME, FLEET_API_KEY, GPU_CONTAINER, HOST_CONTAINER,
     HOST_CONTAINER_IP, HOST_CONTAINER_NAME, KNOWN_HOSTS, LAB_CONTAINERS, LAB_DIR, LAB_GPU_COUNT,
-    LAB_HOST_FACTS_ROOT, LXC_PATH, LabContainer, LabError, LabInfo, PVE_CA, PVE_NODE, PVE_PASSWORD_FILE,
-    PVE_URL, PVE_USER, Progress, REQUIRED_COMMANDS, SSH_KEY,
+    LAB_HOST_FACTS_ROOT, LXC_PATH, LabContainer, LabError, LabInfo, LabSite, PVE_CA, PVE_NODE, PVE_PASSWORD_FILE,
+    PVE_URL, PVE_USER, Progress, REQUIRED_COMMANDS, SITE, SITES, SSH_KEY,
 )
 from gpunode.lab.devices import device_nodes, ensure_devices
 from gpunode.lab.engine import docker_running, ensure_docker
 from gpunode.lab.fakepve import ensure_pve, pve_answers, stop_pve
 from gpunode.lab.network import bridge_state, ensure_network, iptables_rules, remove_network
-from gpunode.lab.util import locked, lxc, noop, ok, require_commands, require_root, run
+from gpunode.lab.util import locked, lxc, noop, ok, require_commands, require_root, run, write_if_changed
 from gpunode.lab import kernels
 
 def _info(uvm: int, changed: list[str], seconds: float) -> LabInfo:
@@ -51,21 +51,37 @@ def up(progress: Progress = noop) -> LabInfo:
         dev_changed, uvm = ensure_devices(progress)
         if dev_changed:
             changed.append("devices")
-        if ensure_container(progress, GPU_CONTAINER, uvm):
-            changed.append("container")
-        if ensure_model_stand_in(progress, GPU_CONTAINER):
-            changed.append("model")
         if ensure_server_stand_in(progress):
             changed.append("server_image")
-        if ensure_pve(progress):
-            changed.append("fakepve")
-        if ensure_container(progress, HOST_CONTAINER, uvm):
-            changed.append("host_container")
-        if kernels.ensure(progress):
-            changed.append("kernels")
+        if _ensure_fleet_key(progress):
+            changed.append("fleet_api_key")
+        for site in SITES:
+            suffix = "" if site == SITE else f"@{site.name}"
+            if ensure_container(progress, site.gpu, uvm):
+                changed.append("container" + suffix)
+            if ensure_model_stand_in(progress, site.gpu):
+                changed.append("model" + suffix)
+            if ensure_pve(progress, site):
+                changed.append("fakepve" + suffix)
+            if ensure_container(progress, site.host, uvm):
+                changed.append("host_container" + suffix)
+            if kernels.ensure(progress, site.host.ip, repair=site.kernels):
+                changed.append("kernels" + suffix)
     seconds = time.monotonic() - start
     progress(f"lab up in {seconds:.1f} s" + (f" (changed: {', '.join(changed)})" if changed else " (no change)"))
     return _info(uvm, changed, seconds)
+
+
+def _ensure_fleet_key(progress: Progress) -> bool:
+    """The API key the fleet's servers and router share (inventory/lab/fleet.yml): random, 0600."""
+    import secrets as tokens
+
+    if FLEET_API_KEY.is_file() and FLEET_API_KEY.read_text().strip():
+        return False
+    FLEET_API_KEY.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_if_changed(FLEET_API_KEY, tokens.token_urlsafe(24), 0o600)
+    progress(f"fleet: API key written to {FLEET_API_KEY}")
+    return True
 
 
 def down(purge: bool = False, progress: Progress = noop) -> None:
@@ -78,7 +94,8 @@ def down(purge: bool = False, progress: Progress = noop) -> None:
         progress("lab: nothing else to remove")
         return
     with locked():
-        progress("fakepve: stopped" if stop_pve() else "fakepve: not running")
+        for site in SITES:
+            progress(f"fakepve {site.pve_url}: stopped" if stop_pve(site) else f"fakepve {site.pve_url}: not running")
         for ct in reversed(LAB_CONTAINERS):
             state = container_state(ct)
             if state != "ABSENT":
@@ -122,6 +139,18 @@ def _container_status(ct: LabContainer, root: bool) -> dict[str, object]:
             "ok": state == "RUNNING" and ip == ct.ip and ssh}
 
 
+def _site_status(site: LabSite, root: bool, expected: dict[str, str]) -> dict[str, object]:
+    """A further site of the fleet: its GPU node, host container and fakepve, with ok (all fine)."""
+    gpu = _container_status(site.gpu, root)
+    host = _container_status(site.host, root)
+    facts = (site.host.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/") / "proc/driver/nvidia/version").is_file()
+    answering = site.pve_password_file.exists() and pve_answers(site)
+    ok = bool(gpu.pop("ok") and gpu["devices"] == expected and host.pop("ok") and host["devices"] == expected
+              and facts and answering)
+    return {"gpu_node": gpu, "host_container": {**host, "facts": facts},
+            "fakepve": {"url": site.pve_url, "node": PVE_NODE, "answering": answering}, "ok": ok}
+
+
 def status() -> dict[str, object]:
     """What is there now, as a JSON-able dict; `up` is True when every part works. Never raises."""
     out: dict[str, object] = {"lab_dir": str(LAB_DIR), "root": os.geteuid() == 0}
@@ -146,10 +175,13 @@ def status() -> dict[str, object]:
         host["facts"] = (HOST_CONTAINER.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/") / "proc/driver/nvidia/version").is_file()
         out["host_container"] = host
         out["fakepve"] = {"url": PVE_URL, "node": PVE_NODE, "answering": PVE_PASSWORD_FILE.exists() and pve_answers()}
+        others = {site.name: _site_status(site, out["root"] is True, expected) for site in SITES if site != SITE}
+        out["sites"] = others
         out["up"] = bool(out["dockerd"] and exists and has_addr and is_up and out["iptables"] and expected
                          and gpu["ok"] and gpu["devices"] == expected
                          and host["ok"] and host["devices"] == expected and host["facts"]
-                         and out["fakepve"]["answering"])  # type: ignore[index]
+                         and out["fakepve"]["answering"]  # type: ignore[index]
+                         and all(site.pop("ok") for site in others.values()))
         gpu.pop("ok")
         host.pop("ok")
     except (OSError, LabError) as exc:

@@ -75,17 +75,9 @@ SSH_KEY = SSH_DIR / "id_ed25519"
 SSH_PUBKEY = SSH_DIR / "id_ed25519.pub"
 KNOWN_HOSTS = SSH_DIR / "known_hosts"
 PVE_DIR = LAB_DIR / "pve"
-PVE_CA = PVE_DIR / "ca.pem"
-PVE_CERT = PVE_DIR / "fakepve.crt"
-PVE_KEY = PVE_DIR / "fakepve.key"
-PVE_PASSWORD_FILE = PVE_DIR / "password"
-PVE_PID_FILE = PVE_DIR / "fakepve.pid"
-PVE_LOG = PVE_DIR / "fakepve.log"
-PVE_GUESTS = PVE_DIR / "guests.json"
 # fakepve runs inside gpunode.lab.pve, which also realizes bind mount points (mpN) on the lab's LXC
 # containers; what it mounted is kept in PVE_MOUNTS.
 PVE_MODULE = "gpunode.lab.pve"
-PVE_MOUNTS = PVE_DIR / "mounts.json"
 LXC_PATH = LAB_DIR / "lxc"  # lxcpath: pass -P LXC_PATH to lxc-* commands
 LXC_CACHE = LAB_DIR / "cache"  # the lxc-debian template's debootstrap cache
 DOCKERD_LOG = LAB_DIR / "dockerd.log"
@@ -147,7 +139,73 @@ class LabContainer:
 GPU_CONTAINER = LabContainer(CONTAINER_NAME, CONTAINER_IP, CONTAINER_HOSTNAME)
 HOST_CONTAINER = LabContainer(HOST_CONTAINER_NAME, HOST_CONTAINER_IP, HOST_CONTAINER_HOSTNAME,
                               HOST_CONTAINER_PACKAGES, facts=True)
-LAB_CONTAINERS = (GPU_CONTAINER, HOST_CONTAINER)
+
+
+@dataclass(frozen=True)
+class LabSite:
+    """One Proxmox host of the lab: its API (a fakepve of its own on a loopback address, with its own
+    CA and root@pam password under ``pve_dir``), the container that plays the host, and its GPU node."""
+
+    name: str  # the host file's name for it (inventory/lab/fleet.yml)
+    gpu: LabContainer
+    host: LabContainer
+    pve_host: str
+    pve_dir: Path
+    # The kernel repair's scenario lives here (a kernel left without headers or module); else one
+    # stand-in kernel with its DKMS module built.
+    kernels: bool = False
+
+    @property
+    def pve_url(self) -> str:
+        return f"https://{self.pve_host}:{PVE_PORT}"
+
+    @property
+    def pve_ca(self) -> Path:
+        return self.pve_dir / "ca.pem"
+
+    @property
+    def pve_cert(self) -> Path:
+        return self.pve_dir / "fakepve.crt"
+
+    @property
+    def pve_key(self) -> Path:
+        return self.pve_dir / "fakepve.key"
+
+    @property
+    def pve_password_file(self) -> Path:
+        return self.pve_dir / "password"
+
+    @property
+    def pve_pid_file(self) -> Path:
+        return self.pve_dir / "fakepve.pid"
+
+    @property
+    def pve_log(self) -> Path:
+        return self.pve_dir / "fakepve.log"
+
+    @property
+    def pve_guests(self) -> Path:
+        return self.pve_dir / "guests.json"
+
+    @property
+    def pve_mounts(self) -> Path:
+        return self.pve_dir / "mounts.json"
+
+
+# The first site is the lab of inventory/lab/host.yml; the second makes inventory/lab/fleet.yml a
+# fleet of two hosts (the kernel repair's stand-ins stay on the first).
+SITE = LabSite("pve-lab", GPU_CONTAINER, HOST_CONTAINER, PVE_HOST, PVE_DIR, kernels=True)
+SITE2 = LabSite("pve-lab2", LabContainer("gpunode-lab2", "10.0.3.12", "gpunode-lab2"),
+                LabContainer("gpunode-lab-host2", "10.0.3.13", "gpunode-lab-host2", HOST_CONTAINER_PACKAGES, facts=True),
+                "127.0.0.3", LAB_DIR / "pve2")
+SITES = (SITE, SITE2)
+# The first site's API files, by the names the lab's tests know them.
+PVE_CA, PVE_CERT, PVE_KEY = SITE.pve_ca, SITE.pve_cert, SITE.pve_key
+PVE_PASSWORD_FILE, PVE_PID_FILE, PVE_LOG = SITE.pve_password_file, SITE.pve_pid_file, SITE.pve_log
+PVE_GUESTS, PVE_MOUNTS = SITE.pve_guests, SITE.pve_mounts
+LAB_CONTAINERS = tuple(ct for site in SITES for ct in (site.gpu, site.host))
+# The API key the fleet's servers and router share (inventory/lab/fleet.yml), made by `lab up`.
+FLEET_API_KEY = LAB_DIR / "fleet" / "api-key"
 # The GPU node's paths, as before.
 CONTAINER_DIR = GPU_CONTAINER.dir
 CONTAINER_CONFIG = GPU_CONTAINER.config

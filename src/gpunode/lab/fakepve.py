@@ -1,4 +1,5 @@
-"""fakepve, run as gpunode.lab.pve on loopback with its own CA and a random root@pam password."""
+"""fakepve, run as gpunode.lab.pve on loopback with its own CA and a random root@pam password: one
+per lab site (a Proxmox host of the lab), each on its own loopback address."""
 
 from __future__ import annotations
 
@@ -17,40 +18,40 @@ import urllib.parse
 import urllib.request
 
 from gpunode.lab.contract import (
-    CERT_MAX_AGE_S, HOST_ROOTFS, LXC_PATH, LabError, PVE_CA, PVE_CERT, PVE_DIR, PVE_GUESTS, PVE_HOST,
-    PVE_KEY, PVE_LOG, PVE_MODULE, PVE_MOUNTS, PVE_PASSWORD_FILE, PVE_PID_FILE, PVE_PORT, PVE_URL,
-    PVE_USER, Progress,
+    CERT_MAX_AGE_S, LXC_PATH, PVE_MODULE, PVE_PORT, PVE_USER, SITE, LabError, LabSite, Progress,
 )
 from gpunode.lab.util import pid_alive, read_pid, run, tail, write_if_changed
 
-def _pve_password() -> str:
-    return PVE_PASSWORD_FILE.read_text()
+def _pve_password(site: LabSite = SITE) -> str:
+    return site.pve_password_file.read_text()
 
 
-def pve_ticket(password: str | None = None, cafile: str | None = None, timeout: float = 5) -> dict[str, object]:
-    """POST /access/ticket to fakepve, verifying TLS against cafile (default LAB_DIR/pve/ca.pem);
+def pve_ticket(password: str | None = None, cafile: str | None = None, timeout: float = 5,
+               site: LabSite = SITE) -> dict[str, object]:
+    """POST /access/ticket to the site's fakepve, verifying TLS against cafile (default its CA);
     returns the `data` of the answer. Raises urllib/ssl errors as they come."""
-    ctx = ssl.create_default_context(cafile=cafile or str(PVE_CA))
+    ctx = ssl.create_default_context(cafile=cafile or str(site.pve_ca))
     body = urllib.parse.urlencode({"username": PVE_USER,
-                                   "password": _pve_password() if password is None else password}).encode()
+                                   "password": _pve_password(site) if password is None else password}).encode()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
-    with opener.open(urllib.request.Request(f"{PVE_URL}/api2/json/access/ticket", data=body), timeout=timeout) as r:
+    with opener.open(urllib.request.Request(f"{site.pve_url}/api2/json/access/ticket", data=body),
+                     timeout=timeout) as r:
         data = json.load(r)["data"]
     if not isinstance(data, dict) or "ticket" not in data:
         raise ValueError(f"no ticket in the answer: {data!r}")
     return data
 
 
-def pve_answers() -> bool:
+def pve_answers(site: LabSite = SITE) -> bool:
     try:
-        pve_ticket()
+        pve_ticket(site=site)
         return True
     except (OSError, ValueError, KeyError, ssl.SSLError):
         return False
 
 
-def stop_pve() -> bool:
-    pid = read_pid(PVE_PID_FILE)
+def stop_pve(site: LabSite = SITE) -> bool:
+    pid = read_pid(site.pve_pid_file)
     stopped = False
     if pid and pid_alive(pid, "fakepve"):
         with contextlib.suppress(ProcessLookupError):
@@ -63,60 +64,61 @@ def stop_pve() -> bool:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         stopped = True
-    PVE_PID_FILE.unlink(missing_ok=True)
+    site.pve_pid_file.unlink(missing_ok=True)
     return stopped
 
 
-def ensure_pve(progress: Progress) -> bool:
+def ensure_pve(progress: Progress, site: LabSite = SITE) -> bool:
     changed = False
-    PVE_DIR.mkdir(parents=True, exist_ok=True)
-    os.chmod(PVE_DIR, 0o755)
+    site.pve_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(site.pve_dir, 0o755)
     if run([sys.executable, "-c", "import fakepve.certs, cryptography"], check=False).returncode != 0:
         raise LabError(f"fakepve is not installed for {sys.executable}: pip install 'gpunode[test]' "
                        "(fakepve[crypto])")
-    if not PVE_PASSWORD_FILE.is_file() or not PVE_PASSWORD_FILE.read_text():
-        changed |= write_if_changed(PVE_PASSWORD_FILE, secrets.token_urlsafe(24), 0o600)
-    elif stat.S_IMODE(PVE_PASSWORD_FILE.stat().st_mode) != 0o600:
-        os.chmod(PVE_PASSWORD_FILE, 0o600)
+    password_file = site.pve_password_file
+    if not password_file.is_file() or not password_file.read_text():
+        changed |= write_if_changed(password_file, secrets.token_urlsafe(24), 0o600)
+    elif stat.S_IMODE(password_file.stat().st_mode) != 0o600:
+        os.chmod(password_file, 0o600)
         changed = True
-    changed |= write_if_changed(PVE_GUESTS, json.dumps({"guests": []}) + "\n", 0o644)
-    cert_old = not PVE_CERT.is_file() or not PVE_KEY.is_file() or \
-        time.time() - PVE_CERT.stat().st_mtime > CERT_MAX_AGE_S
+    changed |= write_if_changed(site.pve_guests, json.dumps({"guests": []}) + "\n", 0o644)
+    cert_old = not site.pve_cert.is_file() or not site.pve_key.is_file() or \
+        time.time() - site.pve_cert.stat().st_mtime > CERT_MAX_AGE_S
     if cert_old:
         code = ("import sys; from fakepve.certs import make_cert; "
                 "make_cert(sys.argv[1], name='fakepve', hosts=(sys.argv[2],))")
-        run([sys.executable, "-c", code, str(PVE_DIR), PVE_HOST], what="fakepve.certs.make_cert")
+        run([sys.executable, "-c", code, str(site.pve_dir), site.pve_host], what="fakepve.certs.make_cert")
         changed = True
-    changed |= write_if_changed(PVE_CA, PVE_CERT.read_bytes(), 0o644)
-    pid = read_pid(PVE_PID_FILE)
+    changed |= write_if_changed(site.pve_ca, site.pve_cert.read_bytes(), 0o644)
+    pid = read_pid(site.pve_pid_file)
     running = pid is not None and pid_alive(pid, "fakepve")
     # A lab made before gpunode.lab.pve runs plain `python -m fakepve` (or gpunode.labpve): that one is replaced.
     current = running and pid is not None and pid_alive(pid, PVE_MODULE)
-    if current and not changed and pve_answers():
-        progress(f"fakepve: answering on {PVE_URL}")
+    if current and not changed and pve_answers(site):
+        progress(f"fakepve: answering on {site.pve_url}")
         return False
     if running:
-        stop_pve()
-    progress(f"fakepve: starting on {PVE_URL} (log {PVE_LOG})")
-    # The command line names fakepve (its certificate, PVE_CERT): stop_pve finds the process by
-    # that word.
-    cmd = [sys.executable, "-m", PVE_MODULE, str(PVE_GUESTS), "--host", PVE_HOST, "--port", str(PVE_PORT),
-           "--user", PVE_USER, "--time-scale", "0", "--cert", str(PVE_CERT), "--key", str(PVE_KEY),
-           "--lxcpath", str(LXC_PATH), "--host-rootfs", str(HOST_ROOTFS), "--state", str(PVE_MOUNTS)]
-    env = dict(os.environ, PVE_PASS=_pve_password())
+        stop_pve(site)
+    progress(f"fakepve: starting on {site.pve_url} (log {site.pve_log})")
+    # The command line names fakepve (its certificate, the site's fakepve.crt): stop_pve finds the
+    # process by that word. Its realizer mounts into the site's host container's rootfs.
+    cmd = [sys.executable, "-m", PVE_MODULE, str(site.pve_guests), "--host", site.pve_host, "--port", str(PVE_PORT),
+           "--user", PVE_USER, "--time-scale", "0", "--cert", str(site.pve_cert), "--key", str(site.pve_key),
+           "--lxcpath", str(LXC_PATH), "--host-rootfs", str(site.host.rootfs), "--state", str(site.pve_mounts)]
+    env = dict(os.environ, PVE_PASS=_pve_password(site))
     env.pop("PVE_USER", None)
-    with open(PVE_LOG, "ab") as log:
+    with open(site.pve_log, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True, close_fds=True)
-    PVE_PID_FILE.write_text(f"{proc.pid}\n")
+    site.pve_pid_file.write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            PVE_PID_FILE.unlink(missing_ok=True)
-            raise LabError(f"fakepve exited with status {proc.returncode}: {tail(PVE_LOG)} (see {PVE_LOG}; "
-                           f"is {PVE_HOST}:{PVE_PORT} taken?)")
-        if pve_answers():
-            progress(f"fakepve: answering on {PVE_URL}")
+            site.pve_pid_file.unlink(missing_ok=True)
+            raise LabError(f"fakepve exited with status {proc.returncode}: {tail(site.pve_log)} (see {site.pve_log}; "
+                           f"is {site.pve_host}:{PVE_PORT} taken?)")
+        if pve_answers(site):
+            progress(f"fakepve: answering on {site.pve_url}")
             return True
         time.sleep(0.3)
-    raise LabError(f"fakepve did not answer a ticket request on {PVE_URL} within 30 s: see {PVE_LOG}")
+    raise LabError(f"fakepve did not answer a ticket request on {site.pve_url} within 30 s: see {site.pve_log}")

@@ -31,17 +31,23 @@ MODULE, VERSION = "nvidia", "580.159.04"
 BUILD_PACKAGES = ("dkms", "gcc", "make", "kmod")
 
 
-def _on_host(command: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _on_host(command: str, timeout: float = 900, host: str | None = None) -> subprocess.CompletedProcess[str]:
     from gpunode import lab
 
-    return subprocess.run(lab.ssh_command(command, host=lab.HOST_CONTAINER_IP), capture_output=True, text=True,
+    return subprocess.run(lab.ssh_command(command, host=host or lab_host()), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _must(command: str, what: str, timeout: float = 900) -> str:
+def lab_host() -> str:
+    from gpunode import lab
+
+    return lab.HOST_CONTAINER_IP
+
+
+def _must(command: str, what: str, timeout: float = 900, host: str | None = None) -> str:
     from gpunode.lab import LabError
 
-    done = _on_host(command, timeout)
+    done = _on_host(command, timeout, host)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise LabError(f"{what} in the lab host failed (exit {done.returncode}): {' | '.join(tail)}")
@@ -92,9 +98,11 @@ def remove_kernel(kernel: str) -> str:
             f"rm -rf /boot/vmlinuz-{kernel} /lib/modules/{kernel}; true")
 
 
-def ensure(progress: Callable[[str], None]) -> bool:
-    """Bring the lab host's kernels to the state the module docstring describes; idempotent (the
-    newer kernel is never broken again once a provision has repaired it)."""
+def ensure(progress: Callable[[str], None], host: str | None = None, repair: bool = True) -> bool:
+    """Bring a lab host's kernels to the state the module docstring describes; idempotent (the
+    newer kernel is never broken again once a provision has repaired it). ``host``: the lab host's
+    address (default the first site's); without ``repair`` only the kernel with its module built
+    (the fleet's second host: a converged host, not the repair's scenario)."""
     from gpunode.lab.contract import DKMS_STANDIN
 
     built, broken, _newest = kernels()
@@ -102,27 +110,31 @@ def ensure(progress: Callable[[str], None]) -> bool:
                   f"test -e /boot/vmlinuz-{built} && echo kernel; "
                   f"test -e /var/lib/dkms/{MODULE}/{VERSION}/source && echo registered; "
                   f"ls /lib/modules/{built}/updates/dkms/{MODULE}.ko* >/dev/null 2>&1 && echo built; true",
-                  "reading the kernel state")
+                  "reading the kernel state", host=host)
     lines = state.split()
     changed = False
     if not lines or lines[0] != str(len(BUILD_PACKAGES)) or "kernel" not in lines:
-        progress(f"kernels: installing dkms, gcc and linux-headers-{built} in the lab host (Debian's, real)")
+        progress(f"kernels: installing dkms, gcc and linux-headers-{built} in the lab host {host or lab_host()} (Debian's, real)")
         _must("export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null && apt-get install -y -q "
               f"--no-install-recommends {' '.join(BUILD_PACKAGES)} linux-headers-{built} >/dev/null",
-              "installing dkms and kernel headers", timeout=1500)
-        _must(" && ".join(install_kernel(k) for k in (built, broken)), "laying out the stand-in kernels")
+              "installing dkms and kernel headers", timeout=1500, host=host)
+        _must(" && ".join(install_kernel(k) for k in ((built, broken) if repair else (built,))),
+              "laying out the stand-in kernels", host=host)
         changed = True
     if "registered" not in lines:
         source = DKMS_STANDIN
         files = {name: (source / name).read_text() for name in ("dkms.conf", "Makefile", "nvidia.c")}
         script = f"mkdir -p /usr/src/{MODULE}-{VERSION} && " + " && ".join(
             f"printf %s {shlex.quote(text)} > /usr/src/{MODULE}-{VERSION}/{name}" for name, text in files.items())
-        _must(script + f" && dkms add -m {MODULE} -v {VERSION}", "registering the stand-in DKMS module")
+        _must(script + f" && dkms add -m {MODULE} -v {VERSION}", "registering the stand-in DKMS module", host=host)
         changed = True
     if "built" not in lines:
         progress(f"kernels: dkms builds the stand-in {MODULE}/{VERSION} for {built} (for real)")
-        _must(f"dkms install -m {MODULE} -v {VERSION} -k {built}", f"dkms install for {built}")
+        _must(f"dkms install -m {MODULE} -v {VERSION} -k {built}", f"dkms install for {built}", host=host)
         changed = True
-    progress(f"kernels: {built} (module built), {broken} "
-             f"({'installed without headers or module' if changed else 'as the last provision left it'})")
+    if repair:
+        progress(f"kernels: {built} (module built), {broken} "
+                 f"({'installed without headers or module' if changed else 'as the last provision left it'})")
+    else:
+        progress(f"kernels: {built} (module built) in {host}")
     return changed

@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m gpunode.lab.pve``: fakepve's command line (python -m fakepve --help), plus where the
     lab's LXC containers and the PVE host's root are and where to keep what was mounted."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m gpunode.lab.pve", add_help=False,
+    # No abbreviations: fakepve's own --host would be read as an abbreviation of --host-rootfs.
+    parser = argparse.ArgumentParser(prog="python -m gpunode.lab.pve", add_help=False, allow_abbrev=False,
                                      description=__doc__.splitlines()[0],
                                      epilog="The other arguments are fakepve's: python -m fakepve --help.")
     parser.add_argument("--lxcpath", type=Path, required=True, help="lxcpath of the LXC containers to realize")

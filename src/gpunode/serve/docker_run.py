@@ -1,9 +1,11 @@
 """Start the server container through the Docker SDK, idempotently, and watch it.
 
-``ensure_server(client, spec, api_key)``: a container with the spec's name and config hash that is
-running is left alone (same id, not restarted); changed settings, or a changed API key, replace it;
-a stopped one with the same settings is started again. The API key goes in as a file written into
-the created container before it starts (``spec.API_KEY_CONFIG``), never through the spec.
+``ensure_container(client, spec, key_file)``: a container with the spec's name and config hash that
+is running is left alone (same id, not restarted); changed settings, or a changed key file, replace
+it; a stopped one with the same settings is started again; one with the name but not gpunode's role
+label is never touched. A key goes in as a file written into the created container before it
+starts, never through the spec. ``ensure_server`` is that for the SGLang server and its API key
+(``spec.API_KEY_CONFIG``); the router stage uses it for the router.
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ def find_container(client: docker.DockerClient, name: str) -> Container | None:
         return None
 
 
-def foreign_message(container: Container) -> str:
-    """One line for a container that has the server's name but not gpunode's label."""
+def foreign_message(container: Container, role: str = specs.ROLE) -> str:
+    """One line for a container that has the name gpunode wants but not gpunode's label."""
     image = (container.attrs.get("Config") or {}).get("Image") or "?"
     return (f"a container named {container.name} (image {image}, {container.status}) exists that gpunode did not "
-            f"start (no {specs.LABEL_ROLE}={specs.ROLE} label): it was left alone; remove or rename it yourself "
+            f"start (no {specs.LABEL_ROLE}={role} label): it was left alone; remove or rename it yourself "
             f"on the node (docker rename {container.name} NEW-NAME) if it may go, then re-run")
 
 
@@ -90,22 +92,40 @@ def _file_from_archive(chunks: Any) -> bytes | None:
     return None
 
 
-def api_key_matches(container: Container, api_key: str | None) -> bool:
-    """Whether the key file in the container holds this key (compared in constant time)."""
-    if api_key is None:
+@dataclass(frozen=True)
+class KeyFile:
+    """A secret file written into a container before it starts (mode 0400, its folder 0700)."""
+
+    path: str
+    content: bytes
+
+
+def server_key(api_key: str | None) -> KeyFile | None:
+    """The SGLang server's API key as its --config file."""
+    return KeyFile(specs.API_KEY_CONFIG, specs.api_key_file_content(api_key)) if api_key is not None else None
+
+
+def key_matches(container: Container, key: KeyFile | None) -> bool:
+    """Whether the container holds this key file (compared in constant time)."""
+    if key is None:
         return True  # whether a key file is used at all is part of the command, hence of the hash
     try:
-        chunks, _stat = container.get_archive(specs.API_KEY_CONFIG)
+        chunks, _stat = container.get_archive(key.path)
         content = _file_from_archive(chunks)
     except docker.errors.NotFound:
         return False
-    return content is not None and hmac.compare_digest(content, specs.api_key_file_content(api_key))
+    return content is not None and hmac.compare_digest(content, key.content)
 
 
-def _key_archive(api_key: str) -> bytes:
+def api_key_matches(container: Container, api_key: str | None) -> bool:
+    """Whether the server's key file in the container holds this key."""
+    return key_matches(container, server_key(api_key))
+
+
+def _key_archive(key: KeyFile) -> bytes:
     buf = io.BytesIO()
-    path = specs.API_KEY_CONFIG.lstrip("/")
-    content = specs.api_key_file_content(api_key)
+    path = key.path.lstrip("/")
+    content = key.content
     with tarfile.open(fileobj=buf, mode="w") as tar:
         parts = path.split("/")
         for depth in range(1, len(parts)):
@@ -127,13 +147,13 @@ def _docker_failure(exc: docker.errors.DockerException, spec: Mapping[str, Any])
     return ServeError(f"Docker refused the server container: {message}", diagnosis)
 
 
-def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], api_key: str | None) -> Container:
+def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None) -> Container:
     try:
         container = client.containers.create(**spec)
     except docker.errors.DockerException as exc:
         raise _docker_failure(exc, spec) from exc
     try:
-        if api_key is not None and not container.put_archive("/", _key_archive(api_key)):
+        if key is not None and not container.put_archive("/", _key_archive(key)):
             raise ServeError("could not write the API key file into the container")
         container.start()
     except (docker.errors.DockerException, ServeError) as exc:
@@ -165,16 +185,23 @@ def stop_quietly(container: Container, timeout_s: int = 10) -> None:
 def ensure_server(client: docker.DockerClient, spec: Mapping[str, Any], api_key: str | None = None,
                   stop_timeout_s: int = 30) -> StartResult:
     """Make the server container match ``spec``; see the module docstring for what it decides."""
+    return ensure_container(client, spec, server_key(api_key), stop_timeout_s)
+
+
+def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None = None,
+                     stop_timeout_s: int = 30) -> StartResult:
+    """Make the container named in ``spec`` match it (see the module docstring)."""
     name = spec["name"]
+    role = spec["labels"][specs.LABEL_ROLE]
     wanted = spec["labels"][specs.LABEL_HASH]
     current = find_container(client, name)
     if current is None:
-        made = create_and_start(client, spec, api_key)
-        return StartResult("created", made.id, name, "no server container yet", wanted)
-    if (current.labels or {}).get(specs.LABEL_ROLE) != specs.ROLE:
-        raise ServeError(foreign_message(current))
+        made = create_and_start(client, spec, key)
+        return StartResult("created", made.id, name, f"no {name} container yet", wanted)
+    if (current.labels or {}).get(specs.LABEL_ROLE) != role:
+        raise ServeError(foreign_message(current, role))
     differs = changed_settings(current, spec)
-    key_ok = api_key_matches(current, api_key)
+    key_ok = key_matches(current, key)
     if not differs and key_ok:
         current.reload()
         if current.status in ("running", "restarting"):
@@ -188,7 +215,7 @@ def ensure_server(client: docker.DockerClient, spec: Mapping[str, Any], api_key:
     if differs and not key_ok:
         reason += ", the API key"
     remove_container(current, stop_timeout_s)
-    made = create_and_start(client, spec, api_key)
+    made = create_and_start(client, spec, key)
     return StartResult("replaced", made.id, name, reason, wanted)
 
 

@@ -14,6 +14,7 @@ set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 UV_VERSION=0.13.9
 EXCLUDE_NEWER=2026-02-24T00:00:00Z
+ROUTER_EXCLUDE_NEWER=2026-12-01T00:00:00Z
 # One lock per interpreter and libc the image's bases have (bases.yml): Debian bookworm (CPython
 # 3.11, glibc 2.36) and Ubuntu 24.04 (CPython 3.12, glibc 2.39), x86_64.
 INDEX=https://pypi.org/simple
@@ -52,6 +53,9 @@ compile 3.11 x86_64-manylinux_2_36 pip.in pip.lock --exclude-newer "$EXCLUDE_NEW
 # The lab's stand-in toolchain (bases.yml, toolchain pypi-cuda-13.0): installed into its own venv
 # by the debootstrap base's Python.
 compile 3.11 x86_64-manylinux_2_36 toolchain-cuda13.0.in toolchain-cuda13.0.lock --exclude-newer "$EXCLUDE_NEWER"
-for lock in stacks/*/requirements*.lock pip.lock toolchain-cuda13.0.lock; do
+# The router image (images/router): sglang-router and what it needs, on the bases' CPython 3.11,
+# frozen at ROUTER_EXCLUDE_NEWER (sglang-router 0.3.2 is the newest on PyPI then).
+(cd ../router && compile 3.11 x86_64-manylinux_2_36 requirements.in requirements.lock --exclude-newer "$ROUTER_EXCLUDE_NEWER")
+for lock in stacks/*/requirements*.lock pip.lock toolchain-cuda13.0.lock ../router/requirements.lock; do
     echo "locked: $(grep -c '^[a-z]' "$HERE/$lock") packages in $lock"
 done

@@ -7,7 +7,8 @@ module: gpunode_stage
 short_description: Run a GPU-side provision stage on a node's Docker engine
 description:
   - Runs one of gpunode's GPU-side stages (image, p2p, serve, smoke) for one host, through the gpunode
-    Python package, against the node's Docker engine over SSH.
+    Python package, against the node's Docker engine over SSH; or the router stage, against the router
+    machine's engine.
   - Takes the host as gpunode's inventory carries it (the validated host file entry, C(gpunode_host))
     and the values derived from it once (C(gpunode_derived)); it parses no host file and computes
     none of those values again.
@@ -23,9 +24,11 @@ options:
     description: The stage to run.
     type: str
     required: true
-    choices: [image, p2p, serve, smoke]
+    choices: [image, p2p, serve, smoke, router]
   host:
-    description: The host file's entry for this host, validated, as data (the inventory's C(gpunode_host)).
+    description:
+      - The host file's entry for this host, validated, as data (the inventory's C(gpunode_host)).
+      - For the router stage, the host file's router section (the inventory's C(gpunode_router)).
     type: dict
     required: true
   derived:
@@ -33,7 +36,7 @@ options:
     type: dict
     required: true
   api_key_file:
-    description: The run's file holding the server's API key, when the host file names one.
+    description: The run's file holding the server's (or for the router stage, the router's) API key, when the host file names one.
     type: path
 """
 
@@ -64,7 +67,7 @@ from ansible_collections.gpunode.core.plugins.module_utils import guard
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "stage": {"type": "str", "required": True, "choices": ["image", "p2p", "serve", "smoke"]},
+            "stage": {"type": "str", "required": True, "choices": ["image", "p2p", "serve", "smoke", "router"]},
             "host": {"type": "dict", "required": True},
             "derived": {"type": "dict", "required": True},
             "api_key_file": {"type": "path", "no_log": False},
@@ -82,7 +85,7 @@ def _run(module: AnsibleModule) -> None:
 
     p = module.params
     try:
-        target = stage.Target.from_data(p["host"], p["derived"], p["api_key_file"])
+        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"])
     except ValidationError as exc:
         # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
         first = exc.errors()[0]

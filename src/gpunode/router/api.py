@@ -1,0 +1,99 @@
+"""What gpunode asks of a running sglang-router (0.3.2), over HTTP, and of its workers.
+
+The router's own endpoints, as it answers them (measured against the real router in the lab):
+``GET /health`` (200 "OK"), ``GET /workers`` ({"workers": [{"id", "url", "is_healthy", ...}],
+"total"}), ``POST /workers`` {"url"} (202: registration queued in the background),
+``DELETE /workers/{id}``; with ``--api-key`` every one but /health, /v1/models needs
+``Authorization: Bearer <key>``. Its Prometheus metrics count each worker's upstream calls
+(``smg_worker_cb_outcomes_total{worker, outcome}``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+TIMEOUT_S = 10.0
+# smg_worker_cb_outcomes_total{worker="http://10.0.3.10:30000",outcome="success"} 4
+_OUTCOME = re.compile(r'^smg_worker_cb_outcomes_total\{worker="([^"]+)",outcome="([a-z_]+)"\}\s+([0-9.e+]+)$', re.M)
+
+
+class RouterUnavailable(Exception):
+    """The router did not answer (or refused) a request; the message says which and how."""
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    id: str
+    url: str
+    healthy: bool
+
+
+class RouterApi:
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float = TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        self.session.trust_env = False  # loopback through an SSH forward: never a proxy
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        try:
+            return self.session.request(method, self.base_url + path, timeout=self.timeout_s, **kwargs)
+        except requests.RequestException as exc:
+            raise RouterUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+
+    def healthy(self) -> bool:
+        try:
+            return self._call("GET", "/health").status_code == 200
+        except RouterUnavailable:
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return True
+            time.sleep(0.5)
+        return self.healthy()
+
+    def workers(self) -> list[RouterWorker]:
+        reply = self._call("GET", "/workers")
+        if reply.status_code != 200:
+            raise RouterUnavailable(f"GET /workers: HTTP {reply.status_code}: {reply.text[:200]}")
+        return [RouterWorker(str(w["id"]), str(w["url"]), bool(w.get("is_healthy")))
+                for w in reply.json().get("workers", [])]
+
+    def add_worker(self, url: str) -> None:
+        reply = self._call("POST", "/workers", json={"url": url})
+        if reply.status_code not in (200, 201, 202):
+            raise RouterUnavailable(f"POST /workers {url}: HTTP {reply.status_code}: {reply.text[:200]}")
+
+    def remove_worker(self, worker: RouterWorker) -> None:
+        reply = self._call("DELETE", f"/workers/{worker.id}")
+        if reply.status_code not in (200, 202, 204):
+            raise RouterUnavailable(f"DELETE /workers/{worker.id} ({worker.url}): HTTP {reply.status_code}")
+
+
+def worker_requests(metrics_text: str) -> dict[str, int]:
+    """Requests the router sent to each worker (its upstream calls, successful or not), from its
+    Prometheus metrics."""
+    counts: dict[str, int] = {}
+    for url, _outcome, value in _OUTCOME.findall(metrics_text):
+        counts[url] = counts.get(url, 0) + int(float(value))
+    return counts
+
+
+def read_metrics(url: str) -> str:
+    try:
+        reply = requests.get(url, timeout=TIMEOUT_S, proxies={"http": "", "https": ""})
+    except requests.RequestException as exc:
+        raise RouterUnavailable(f"GET {url}: {type(exc).__name__}: {exc}") from None
+    if reply.status_code != 200:
+        raise RouterUnavailable(f"GET {url}: HTTP {reply.status_code}")
+    return reply.text
