@@ -619,18 +619,28 @@ def bench(
     out_dir: Annotated[Path, typer.Option("--out", help="results folder")] = Path("results"),
     docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine (default: "
                                                       "the node's, over SSH)")] = None,
+    router: Annotated[bool, typer.Option("--router", help="measure the fleet through the host file's router; the "
+                                         "report adds each worker's requests")] = False,
 ) -> None:
     """Sweep sglang.bench_serving over concurrency levels against the node's server.
 
     Writes a report, plots and a comparison; --ab puts backends (or stacks) side by side. The bench runs where the server does: in
     a container from the server's image on the node's engine (over SSH), on the node's network.
     GPU power is sampled through NVML when gpunode runs on the node itself (host file ssh.connection:
-    local); elsewhere the report says the node's GPUs were not sampled."""
-    chosen = _one_host(path, host)
+    local); elsewhere the report says the node's GPUs were not sampled. --router sends the sweep
+    through the fleet's router instead (from the router's node, or the first host's), and reads
+    how many requests the router sent each worker from its metrics."""
     try:
         level_list = [int(v) for v in levels.split(",")] if levels else None
     except ValueError:
         _die(2, [f"--levels {levels!r}: give whole numbers separated by commas"])
+    if router:
+        given = [name for name, value in (("--host", host), ("--ab", ab), ("--docker-url", docker_url)) if value]
+        if given:
+            _die(2, [f"{', '.join(given)}: not with --router (it measures the fleet as it is, through the router)"])
+        raise typer.Exit(_bench_router(path, level_list, input_len, output_len, range_ratio, baseline, p2p_json,
+                                       out_dir))
+    chosen = _one_host(path, host)
     from gpunode.bench.command import AB_PRESETS, profile_defaults
     from gpunode.bench.command import bench as run_bench
     from gpunode.bench.restart import serve_restart
@@ -675,6 +685,51 @@ def bench(
     raise typer.Exit(code)
 
 
+def _bench_router(path: Path, levels: list[int] | None, input_len: int | None, output_len: int | None,
+                  range_ratio: float, baseline: Path | None, p2p_json: Path | None, out_dir: Path) -> int:
+    """`gpunode bench --router`: the sweep through the router, from a node holding the server image
+    and the model's tokenizer (the router's own, else the first host's), with the router's
+    per-worker request counts read over SSH from its metrics port."""
+    from gpunode.bench.command import bench as run_bench
+    from gpunode.bench.command import profile_defaults
+    from gpunode.bench.sampler import UnavailableSampler
+    from gpunode.derive import derive, derive_router
+    from gpunode.engine import EngineUnreachable, docker_client, forward
+    from gpunode.router.api import RouterUnavailable, read_metrics, worker_requests
+    from gpunode.serve.command import probe_address
+    from gpunode.smoke.bench import DockerBenchRunner
+
+    hf = _load(path)
+    routed = derive_router(hf)
+    if hf.router is None or routed is None:
+        _die(2, [f"{path}: --router: the host file has no router: section"])
+    node = hf.router_host or hf.hosts[0]
+    url = (f"http://{probe_address(hf.router.bind)}:{hf.router.port}" if node is hf.router_host else routed.url)
+    derived = derive(node)
+    defaults = profile_defaults(node.profile_name)
+    names = {w.url: f"{w.host} ({w.url})" for w in routed.workers}
+    sampler = UnavailableSampler("not sampled: through the router the fleet's GPUs are on several nodes")
+    api_key = hf.router.api_key.resolve() if hf.router.api_key else None
+    try:
+        with forward(routed.reach, (hf.router.metrics_port,)) as metrics, forward(node.container.reach) as fw:
+            metrics_url = f"http://127.0.0.1:{metrics.ports[hf.router.metrics_port]}/metrics"
+
+            def workers() -> dict[str, int]:
+                counts = worker_requests(read_metrics(metrics_url))
+                return {names.get(u, u): counts.get(u, 0) for u in [*names, *sorted(set(counts) - set(names))]}
+
+            runner = DockerBenchRunner(docker_client(fw.docker_url), derived.server_image, str(node.model.path),
+                                       server_url=url)
+            return run_bench(url, routed.served_name, levels or defaults[0], input_len or defaults[1],
+                             output_len or defaults[2], runner, sampler, None, None, baseline, out_dir,
+                             api_key=api_key, tp_size=derived.tp_size, p2p_json=p2p_json, range_ratio=range_ratio,
+                             workers=workers)
+    except EngineUnreachable as exc:
+        _die(3, [str(exc)])
+    except RouterUnavailable as exc:
+        _die(3, [f"the router's metrics: {exc}"])
+
+
 @lab_app.command("up")
 def lab_up() -> None:
     """Bring the lab up (idempotent; needs root)."""
@@ -690,7 +745,9 @@ def lab_up() -> None:
                f"  GPU node:  {info.container} at {info.ssh_user}@{info.container_ip} (ssh -i {info.ssh_key})\n"
                f"  devices:   {nodes}\n"
                f"  Proxmox:   fakepve at {info.pve_url} node {info.pve_node}, CA {info.pve_ca}\n"
-               f"  next:      gpunode provision inventory/lab/host.yml")
+               + "".join(f"  fleet:     {site.name}: host {site.host.name} at {info.ssh_user}@{site.host.ip}, GPU node "
+                         f"{site.gpu.name} at {site.gpu.ip}, fakepve at {site.pve_url}\n" for site in lab.SITES[1:])
+               + "  next:      gpunode provision inventory/lab/host.yml (one host), inventory/lab/fleet.yml (the fleet)")
 
 
 @lab_app.command("down")

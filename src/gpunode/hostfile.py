@@ -371,6 +371,20 @@ class Model(Strict):
 FlagOverride = str | int | float | bool | None
 
 
+def ip_address_text(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address") from None
+    return value
+
+
+def exposed_needs_key(bind: str, api_key: SecretRef | None) -> None:
+    """A server (or router) reachable beyond loopback answers only with a key."""
+    if not ipaddress.ip_address(bind).is_loopback and api_key is None:
+        raise ValueError(f"bind {bind} is reachable from other machines: set api_key")
+
+
 class Server(Strict):
     # A profile of gpunode/profiles; unset: the profile of the image's stack (stack.yml).
     profile: str | None = None
@@ -390,11 +404,7 @@ class Server(Strict):
     @field_validator("bind")
     @classmethod
     def _bind(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address") from None
-        return value
+        return ip_address_text(value)
 
     @field_validator("flags")
     @classmethod
@@ -416,8 +426,7 @@ class Server(Strict):
 
     @model_validator(mode="after")
     def _exposed_needs_key(self) -> Server:
-        if not ipaddress.ip_address(self.bind).is_loopback and self.api_key is None:
-            raise ValueError(f"bind {self.bind} is reachable from other machines: set api_key")
+        exposed_needs_key(self.bind, self.api_key)
         return self
 
 
@@ -565,16 +574,11 @@ class Router(Strict):
     @field_validator("bind")
     @classmethod
     def _bind(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address") from None
-        return value
+        return ip_address_text(value)
 
     @model_validator(mode="after")
     def _exposed_needs_key(self) -> Router:
-        if not ipaddress.ip_address(self.bind).is_loopback and self.api_key is None:
-            raise ValueError(f"bind {self.bind} is reachable from other machines: set api_key")
+        exposed_needs_key(self.bind, self.api_key)
         if self.port == self.metrics_port:
             raise ValueError(f"port and metrics_port are both {self.port}")
         return self

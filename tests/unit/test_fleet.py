@@ -166,3 +166,40 @@ def test_the_router_image_is_hash_locked_and_tagged_by_content() -> None:
     assert inputs.tag != router_image.collect("debian:bookworm-slim", None).tag
     assert "apt-get install" in router_image.collect("debian:bookworm-slim", None).dockerfile
     assert "apt-get install" not in inputs.dockerfile  # the debootstrap base has the packages already
+
+
+def test_the_recap_says_which_hosts_to_re_run() -> None:
+    import io
+
+    from rich.console import Console
+
+    from gpunode.runner import Failure, RunSummary, print_recap
+
+    summary = RunSummary("id", "failed", 2, 1, ["host"], False, None,
+                         {"ok": {"pve-lab": 3, "pve-lab2": 1}, "failures": {"pve-lab2": 1}},
+                         [Failure("pve-lab2", "Converge the GPU container", "unreachable: Proxmox API down")],
+                         failed_hosts=["pve-lab2"])
+    out = io.StringIO()
+    print_recap(summary, Console(file=out, width=200, color_system=None))
+    assert "failed hosts: pve-lab2 (re-run just those: --limit pve-lab2)" in out.getvalue().splitlines()
+
+
+def test_check_runs_the_hosts_side_by_side_and_names_each(gpunode, tmp_path: Path) -> None:
+    """Two hosts, every address on loopback and every SSH port closed: each host's checks run in a
+    pytest of their own, and the merged report names all four machines, each once."""
+    from copy import deepcopy
+
+    from test_check_output import loopback_hosts
+
+    data = yaml.safe_load(loopback_hosts(tmp_path).read_text())
+    second = deepcopy(data["hosts"][0])
+    second["name"] = "pve2"
+    second["container"].update(vmid=201, ssh={**second["container"]["ssh"], "address": "127.0.0.7"})
+    second["container"]["network"]["ip"] = "127.0.0.7/8"
+    data["hosts"].append(second)
+    path = tmp_path / "two.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = gpunode("check", str(path), timeout=300, env={"PVE_ROOT_PASSWORD": "not-used"})
+    assert result.returncode == 3, result.stdout + result.stderr
+    unreachable = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("UNREACHABLE")]
+    assert unreachable == ["UNREACHABLE pve1", "UNREACHABLE pve1-ct200", "UNREACHABLE pve2", "UNREACHABLE pve2-ct201"]

@@ -169,6 +169,8 @@ def describe_level(line: dict[str, Any]) -> str:
             f"TPOT p99 {line.get('p99_tpot_ms', 0):.1f} ms")
     if ours.get("error"):
         text += f"; FAILED: {ours['error']}"
+    if "workers" in ours:
+        text += "; per worker: " + ", ".join(f"{name} {count}" for name, count in sorted(ours["workers"].items()))
     return text + f"; GPU: {gpu.get('finding') or '-'}"
 
 
@@ -186,12 +188,17 @@ def sampling_text(samples: SampleSet | None) -> str:
     return text
 
 
+Workers = Callable[[], dict[str, int]]  # requests sent to each worker so far (a router's counters)
+
+
 class _Run:
     """One invocation: the results folder, the lines so far, what went wrong."""
 
-    def __init__(self, folder: Path, out: TextIO) -> None:
+    def __init__(self, folder: Path, out: TextIO, workers: Workers | None = None) -> None:
         self.folder = folder
         self.out = out
+        self.workers = workers
+        self.counted = workers() if workers else {}
         self.results = folder / "results.jsonl"
         self.lines: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -206,6 +213,10 @@ class _Run:
         name = sweep_mod.samples_name(ours.get("variant"), ours["concurrency"])
         (self.folder / name).write_text(json.dumps(level.samples.to_json()), encoding="utf-8")
         ours["samples_file"] = name
+        if self.workers is not None:
+            counted = self.workers()
+            ours["workers"] = {url: counted.get(url, 0) - self.counted.get(url, 0) for url in counted}
+            self.counted = counted
         if self.first_samples is None or (not self.first_samples.available and level.samples.available):
             self.first_samples = level.samples
         sweep_mod.write_line(self.results, level.line)
@@ -239,7 +250,7 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
           api_key: str | None = None, tp_size: int = 8, bandwidth_gbps: float = roofline.RTX_PRO_6000_GBPS,
           allreduce_us: float | None = None, p2p_json: str | Path | None = None,
           timeout_s: float = sweep_mod.LEVEL_TIMEOUT_S, restore: bool = True, out: TextIO | None = None,
-          range_ratio: float = 1.0) -> int:
+          range_ratio: float = 1.0, workers: Workers | None = None) -> int:
     """Run the sweep against ``url`` (or, with ``ab``, once per value after ``restart``), write the
     results and the report into ``out_dir``, return the exit code (module docstring).
 
@@ -250,6 +261,8 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
     (``restore``). ``allreduce_us`` or ``p2p_json`` (a ``gpunode p2p --json`` file) give the
     all-reduce latency for the roofline. ``range_ratio``: bench_serving's ``--random-range-ratio``;
     1.0 (the default) sends exactly ``input_len`` in and ``output_len`` out per request.
+    ``workers``: through a router, its per-worker request counters, read around each level; the
+    report puts each level's share per worker beside its totals.
     """
     out = out or sys.stdout
     levels = list(DEFAULT_LEVELS if levels is None else levels)
@@ -282,7 +295,7 @@ def bench(url: str | None, served_name: str, levels: Sequence[int] | None, input
 
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sampler = sampler if sampler is not None else open_sampler()
-    run = _Run(folder, out)
+    run = _Run(folder, out, workers)
     spec = parse_ab(ab) if ab is not None else None
     base = dict(served_name=served_name, input_len=input_len, output_len=output_len, levels=levels,
                 range_ratio=range_ratio, api_key=api_key, timeout_s=timeout_s)

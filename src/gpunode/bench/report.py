@@ -79,6 +79,22 @@ def level_table(lines: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def workers_section(lines: Sequence[dict[str, Any]]) -> list[str]:
+    """Through a router: the requests each worker got per level (the router's own metrics) beside
+    the level's totals."""
+    workers = sorted({url for line in lines for url in (line["gpunode"].get("workers") or {})})
+    out = ["## Requests per worker (the router's metrics)", "",
+           "Each level's requests as the router sent them on (`smg_worker_cb_outcomes_total`, successes and "
+           "failures; a retried request counts at each worker it tried).", "",
+           "| concurrency | completed | output tok/s | " + " | ".join(workers) + " |",
+           "| ---: | ---: | ---: | " + " | ".join("---:" for _ in workers) + " |"]
+    for line in sorted(lines, key=lambda item: item["gpunode"]["concurrency"]):
+        counts = line["gpunode"].get("workers") or {}
+        out.append(f"| {line['gpunode']['concurrency']} | {line.get('completed', '-')} | "
+                   f"{_num(line.get('output_throughput'))} | " + " | ".join(str(counts.get(url, 0)) for url in workers) + " |")
+    return out
+
+
 def ab_section(ab: AbTable) -> list[str]:
     first = ab.values[0]
     head = ["concurrency"]
@@ -139,6 +155,8 @@ def markdown(report: ReportInput) -> str:
         lines = [line for line in report.lines if line["gpunode"].get("variant") == variant]
         heading = "## Levels" if variant is None else f"## Levels with `{lines[0]['gpunode'].get('ab_flag')} {variant}`"
         out += [heading, "", *level_table(lines), ""]
+    if any("workers" in line["gpunode"] for line in report.lines):
+        out += [*workers_section(report.lines), ""]
     if report.comparison is not None:
         out += [*comparison_section(report.comparison), ""]
     if report.roofline is not None:

@@ -196,6 +196,31 @@ def docker_inspect(host: Any, kind: str, name: str) -> dict[str, Any] | None:
     return json.loads(result.stdout)[0] if result.rc == 0 else None
 
 
+# Run inside one of gpunode's containers: GET a path on its own port, with the key the container
+# holds (read from its key file by KEY_EXPR) when it has one, so that no key leaves the machine.
+# Prints the status and the body.
+_GET = """
+import json, os, sys, urllib.request, urllib.error
+req = urllib.request.Request('http://127.0.0.1:%d' + sys.argv[1])
+if os.path.exists(%r):
+    req.add_header('Authorization', 'Bearer ' + (KEY_EXPR))
+try:
+    r = urllib.request.urlopen(req, timeout=30); print(r.status); print(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+except Exception as e:
+    print(0); print(e)
+"""
+
+
+def container_get(host: Any, container: str, port: int, key_file: str, key_expr: str, path: str) -> tuple[int, str]:
+    """(status, body) of GET ``path`` asked inside ``container`` on the host (0 when it did not answer)."""
+    program = (_GET % (port, key_file)).replace("KEY_EXPR", key_expr)
+    result = host.run(f"docker exec {quote(container)} python3 -c {quote(program)} {quote(path)}")
+    status, _, body = result.stdout.partition("\n")
+    return (int(status) if status.strip().isdigit() else 0), body.strip() or result.stderr.strip()
+
+
 def node_record(host: Any, name: str) -> dict[str, Any] | None:
     """A stage's record on the node (/etc/gpunode/NAME.json), or None when the stage never wrote it."""
     record = host.file(f"/etc/gpunode/{name}.json")

@@ -9,32 +9,11 @@ from typing import Any
 
 import pytest
 
-from gpunode.checks.conftest import docker_inspect, node_record, quote
+from gpunode.checks.conftest import container_get, docker_inspect, node_record, quote
+from gpunode.router.api import PROBE, probe_answer
 from gpunode.router.spec import CONTAINER_NAME, KEY_FILE
 
-FIX = "run `gpunode provision HOSTFILE --tags router`"
-# Run inside the router container: GET a path of the router, with the key the container holds
-# when it has one (the key never leaves the router machine). Prints status and body.
-GET = """
-import os, sys, urllib.request, urllib.error
-req = urllib.request.Request('http://127.0.0.1:%d' + sys.argv[1])
-if os.path.exists(%r):
-    req.add_header('Authorization', 'Bearer ' + open(%r).read().strip())
-try:
-    r = urllib.request.urlopen(req, timeout=20); print(r.status); print(r.read().decode())
-except urllib.error.HTTPError as e:
-    print(e.code); print(e.read().decode())
-except Exception as e:
-    print(0); print(e)
-"""
-# The same, for a worker's /health, from the router's own network.
-PROBE = """
-import sys, urllib.request
-try:
-    print(urllib.request.urlopen(sys.argv[1] + '/health', timeout=5).status)
-except Exception as e:
-    print(getattr(e, 'code', 0), type(e).__name__, getattr(e, 'reason', e))
-"""
+FIX = "run `gpunode provision <host file> --tags router`"
 
 
 @pytest.fixture
@@ -53,10 +32,9 @@ def _running(router: Any) -> dict[str, Any]:
 
 
 def _get(router: Any, gpunode_router: dict[str, Any], path: str) -> tuple[int, str]:
-    program = GET % (int(gpunode_router["port"]), KEY_FILE, KEY_FILE)
-    result = router.run(f"docker exec {quote(CONTAINER_NAME)} python3 -c {quote(program)} {quote(path)}")
-    status, _, body = result.stdout.partition("\n")
-    return (int(status) if status.strip().isdigit() else 0), body.strip() or result.stderr.strip()
+    """GET on the router from inside its container, with the key file it holds."""
+    return container_get(router, CONTAINER_NAME, int(gpunode_router["port"]), KEY_FILE,
+                         f"open({KEY_FILE!r}).read().strip()", path)
 
 
 def test_router_container_running(router: Any, gpunode_derived: dict[str, Any]) -> None:
@@ -91,11 +69,10 @@ def test_worker_healthy(worker: str, router: Any, gpunode_router: dict[str, Any]
     if found is not None and found.get("is_healthy"):
         return
     said = router.run(f"docker exec {quote(CONTAINER_NAME)} python3 -c {quote(PROBE)} {quote(wanted['url'])}")
-    answer = (said.stdout.strip().splitlines() or ["0 no answer"])[-1]
-    worker_state = "it answers /health" if answer == "200" else f"the worker itself: {answer}"
+    _ok, answer = probe_answer(said.stdout)
     where = "not registered in the router" if found is None else "registered but unhealthy in the router"
-    pytest.fail(f"worker {worker} ({wanted['url']}) is {where}; {worker_state} -> "
-                f"run `gpunode provision HOSTFILE --limit {worker}`")
+    pytest.fail(f"worker {worker} ({wanted['url']}) is {where}; the worker itself {answer} -> "
+                f"run `gpunode provision <host file> --limit {worker}`")
 
 
 def test_smoke_passed_through_the_router(router: Any) -> None:

@@ -9,27 +9,13 @@ from typing import Any
 
 import pytest
 
-from gpunode.checks.conftest import docker_inspect, quote
+from gpunode.checks.conftest import container_get, docker_inspect, quote
 from gpunode.serve.spec import API_KEY_CONFIG, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
 
 FIX = "run `gpunode provision --tags serve`"
 LOG_LINES = 8
 LOG_READ = 200
 ACCESS_LINE = re.compile(r'INFO: +\S+ - "[A-Z]+ ')  # uvicorn's access log: says nothing about a failure
-# Run inside the server container: GET a path on the server, with the API key the container holds
-# (its --config file) when it has one, so that the key never leaves the node. Prints status and body.
-GET = """
-import json, os, sys, urllib.request, urllib.error
-req = urllib.request.Request('http://127.0.0.1:%d' + sys.argv[1])
-if os.path.exists(%r):
-    req.add_header('Authorization', 'Bearer ' + json.load(open(%r))['api-key'])
-try:
-    r = urllib.request.urlopen(req, timeout=30); print(r.status); print(r.read().decode())
-except urllib.error.HTTPError as e:
-    print(e.code); print(e.read().decode())
-except Exception as e:
-    print(0); print(e)
-"""
 
 
 def _log_tail(node: Any, name: str) -> str:
@@ -53,11 +39,9 @@ def _running(node: Any, gpunode_derived: dict[str, Any]) -> dict[str, Any]:
 
 
 def _get(node: Any, gpunode_host: dict[str, Any], gpunode_derived: dict[str, Any], path: str) -> tuple[int, str]:
-    program = GET % (gpunode_host["server"]["port"], API_KEY_CONFIG, API_KEY_CONFIG)
-    name = gpunode_derived["server_container"]
-    result = node.run(f"docker exec {quote(name)} python3 -c {quote(program)} {quote(path)}")
-    status, _, body = result.stdout.partition("\n")
-    return (int(status) if status.strip().isdigit() else 0), body.strip() or result.stderr.strip()
+    """GET on the server from inside its container, with the key of its --config file."""
+    return container_get(node, gpunode_derived["server_container"], int(gpunode_host["server"]["port"]),
+                         API_KEY_CONFIG, f"json.load(open({API_KEY_CONFIG!r}))['api-key']", path)
 
 
 def test_server_container_running(gpu_node: Any, gpunode_derived: dict[str, Any]) -> None:

@@ -97,3 +97,26 @@ def read_metrics(url: str) -> str:
     if reply.status_code != 200:
         raise RouterUnavailable(f"GET {url}: HTTP {reply.status_code}")
     return reply.text
+
+
+# Run inside the router container: GET a worker's /health from the router's own network; prints the
+# status, or 0 (or the HTTP code) with the error's kind and reason.
+PROBE = """
+import sys, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1] + '/health', timeout=5).status)
+except Exception as e:
+    print(getattr(e, 'code', 0), type(e).__name__, getattr(e, 'reason', e))
+"""
+
+
+def probe_answer(output: str) -> tuple[bool, str]:
+    """(answers 200, what the worker answered in words) from PROBE's output."""
+    said = output.strip().splitlines()
+    last = said[-1].strip() if said else ""
+    if last == "200":
+        return True, "answers /health"
+    code, _, why = last.partition(" ")
+    if not last:
+        return False, "does not answer (the probe printed nothing)"
+    return False, (f"answers /health with HTTP {code}" if code not in ("0", "") else f"does not answer: {why}")

@@ -18,30 +18,21 @@ whether the checks passed through the router.
 from __future__ import annotations
 
 import io
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpunode.derive import RouterDerived, RouterWorkerSpec
-from gpunode.engine import Forward, docker_client, forward
+from gpunode.engine import Forward, docker_client
 from gpunode.hostfile import Router
 from gpunode.router import image as router_image
 from gpunode.router import spec as specs
-from gpunode.router.api import RouterApi, RouterUnavailable
+from gpunode.router.api import PROBE, RouterApi, RouterUnavailable, probe_answer
 from gpunode.stage import StageResult, console
 
 READY_TIMEOUT_S = 60.0
 REGISTER_WAIT_S = 20.0  # a new router registers the live workers itself, in the background
-# Run inside the router container: GET a worker's /health from the router's own network.
-PROBE = """
-import sys, urllib.request
-try:
-    print(urllib.request.urlopen(sys.argv[1] + '/health', timeout=5).status)
-except Exception as e:
-    print(getattr(e, 'code', 0), type(e).__name__, getattr(e, 'reason', e))
-"""
 
 
 @dataclass(frozen=True)
@@ -65,12 +56,7 @@ class RouterTarget:
 def probe_worker(container: Any, url: str) -> tuple[bool, str]:
     """(answers 200, what it answered) for a worker's /health, asked from inside the router container."""
     result = container.exec_run(["python3", "-c", PROBE, url])
-    said = result.output.decode(errors="replace").strip().splitlines()
-    first = said[-1] if said else f"no answer (exit {result.exit_code})"
-    if first.strip() == "200":
-        return True, "answers /health"
-    code, _, why = first.partition(" ")
-    return False, (f"answers /health with HTTP {code}" if code not in ("0", "") else f"does not answer: {why}")
+    return probe_answer(result.output.decode(errors="replace") or f"0 no output (exit {result.exit_code})")
 
 
 def _wait_for(api: RouterApi, urls: set[str], healthy: bool, timeout_s: float) -> set[str]:
@@ -187,4 +173,4 @@ def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:
                        summary=lines, data={"record": record, "down": record["down"]})
 
 
-__all__ = ["RouterTarget", "forward", "reconcile", "run"]
+__all__ = ["RouterTarget", "reconcile", "run"]

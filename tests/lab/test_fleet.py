@@ -1,0 +1,208 @@
+"""The lab fleet (inventory/lab/fleet.yml): two Proxmox hosts, each with its own fakepve, host
+container and GPU node, provisioned in one run, and SGLang's real router (sglang-router, in its
+own image) in front of both stand-in servers.
+
+Idempotence is read from ansible-runner's stats; the router's view of its workers from its own
+API and metrics; the faults are made for real (a fakepve stopped, a server container stopped, a
+worker deleted from the router) and repaired by gpunode.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpunode.lab as lab
+from gpunode import derive, hostfile
+from gpunode.engine import forward
+from gpunode.router.api import RouterApi, read_metrics, worker_requests
+from gpunode.router.spec import CONTAINER_NAME as ROUTER_CONTAINER
+from gpunode.serve.spec import CONTAINER_NAME as SERVER_CONTAINER
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
+HOSTS = ("pve-lab", "pve-lab2")
+NODES = ("pve-lab-ct200", "pve-lab2-ct201")
+ALL = (*HOSTS, *NODES, "router")
+WORKER2 = "http://10.0.3.12:30000"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> hostfile.HostFile:
+    return hostfile.load(FLEET)
+
+
+@pytest.fixture(scope="module")
+def router_api(fleet: hostfile.HostFile) -> RouterApi:
+    routed = derive.derive_router(fleet)
+    assert routed is not None
+    return RouterApi(routed.url, lab.FLEET_API_KEY.read_text().strip())
+
+
+def _summary(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert result.stdout.strip(), result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def _changed(summary: dict[str, Any]) -> dict[str, int]:
+    return {host: n for host, n in summary["stats"].get("changed", {}).items() if n}
+
+
+def _on_node2(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lab.ssh_command(command, host=lab.SITE2.gpu.ip), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def _chat(router_api: RouterApi, count: int) -> list[int]:
+    """``count`` chat requests through the router, one after another (bounded: a few seconds)."""
+    body = {"model": "glm-5", "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 8,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    return [router_api.session.post(f"{router_api.base_url}/v1/chat/completions", json=body, timeout=60).status_code
+            for _ in range(count)]
+
+
+def _per_worker(fleet: hostfile.HostFile) -> dict[str, int]:
+    """The router's own count of requests sent to each worker (its metrics, on the router node's loopback)."""
+    assert fleet.router is not None and fleet.router_host is not None
+    with forward(fleet.router_host.container.reach, (fleet.router.metrics_port,)) as fw:
+        return worker_requests(read_metrics(f"http://127.0.0.1:{fw.ports[fleet.router.metrics_port]}/metrics"))
+
+
+def _wait_router_sees(router_api: RouterApi, url: str, healthy: bool | None, timeout_s: float = 60) -> None:
+    """Until the router lists ``url`` with that health (None: not at all)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = {w.url: w.healthy for w in router_api.workers()}
+        if (url not in seen) if healthy is None else seen.get(url) is healthy:
+            return
+        assert time.monotonic() < deadline, f"the router still lists {seen} after {timeout_s:.0f} s"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def converged(gpunode_module, router_api: RouterApi) -> dict[str, Any]:
+    """The fleet provisioned twice: the first run converges both hosts and the router, the second
+    changes nothing."""
+    first = gpunode_module("provision", str(FLEET), "--json", timeout=1800)
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = gpunode_module("provision", str(FLEET), "--json", timeout=900)
+    assert second.returncode == 0, second.stderr[-4000:]
+    return {"first": _summary(first), "second": _summary(second), "log": second.stderr}
+
+
+def test_both_hosts_and_the_router_converge_and_a_second_run_changes_nothing(converged: dict[str, Any]) -> None:
+    first, second = converged["first"], converged["second"]
+    for summary in (first, second):
+        assert summary["status"] == "successful" and summary["failed_hosts"] == []
+        assert set(summary["stats"]["ok"]) >= set(ALL), summary["stats"]["ok"]
+        assert not summary["stats"].get("failures") and not summary["stats"].get("dark")
+    assert _changed(second) == {}, second["stats"]["changed"]
+    # Each host's stages ran on its own node, and the router took both as workers.
+    assert "worker pve-lab (http://10.0.3.10:30000): healthy" in converged["log"]
+    assert f"worker pve-lab2 ({WORKER2}): healthy" in converged["log"]
+    assert "PASS through the router: tool_call:" in converged["log"]
+
+
+def test_check_reports_every_host_and_the_router(gpunode, converged: dict[str, Any]) -> None:
+    result = gpunode("check", str(FLEET), "--json", timeout=600)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, [r for r in report["results"] if r["status"] == "fail"]
+    hosts = {r["host"] for r in report["results"] if r["status"] == "pass"}
+    assert hosts == set(ALL)
+    passed = {(r["host"], r["check"]) for r in report["results"] if r["status"] == "pass"}
+    assert {("router", "test_worker_healthy[pve-lab]"), ("router", "test_worker_healthy[pve-lab2]"),
+            ("router", "test_smoke_passed_through_the_router"), ("pve-lab2-ct201", "test_server_healthy"),
+            ("pve-lab2", "test_container_exists")} <= passed
+
+
+def test_the_bench_through_the_router_counts_each_workers_requests(gpunode, converged: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = gpunode("bench", str(FLEET), "--router", "--levels", "2,8", "--input-len", "32", "--output-len", "16",
+                     "--out", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    for line in lines:
+        workers = line["gpunode"]["workers"]
+        assert set(workers) == {"pve-lab (http://10.0.3.10:30000)", f"pve-lab2 ({WORKER2})"}
+        # round_robin: every completed request (and the bench's warm-up one) went to one of the two, evenly.
+        assert sum(workers.values()) == line["completed"] + 1 and min(workers.values()) >= line["completed"] // 2 - 1
+    report = (out / "report.md").read_text()
+    assert "## Requests per worker (the router's metrics)" in report and f"pve-lab2 ({WORKER2})" in report
+
+
+def test_one_hosts_api_down_the_other_host_and_the_router_still_converge(
+        gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi) -> None:
+    # A second host whose API is down and whose server never came up (a host joining the fleet).
+    assert lab.stop_pve(lab.SITE2)
+    try:
+        assert _on_node2(f"docker rm -f {SERVER_CONTAINER}").returncode == 0
+        result = gpunode("provision", str(FLEET), "--json", timeout=900)
+        assert result.returncode == 1, result.stderr[-3000:]
+        summary = _summary(result)
+        assert summary["failed_hosts"] == ["pve-lab2"]
+        failures = {(f["host"], f["task"]): f["message"] for f in summary["failures"]}
+        assert set(h for h, _ in failures) == {"pve-lab2", "pve-lab2-ct201"}, failures
+        assert failures[("pve-lab2", "Converge the GPU container through the Proxmox API")].startswith(
+            "unreachable: Proxmox API https://127.0.0.3:8006 unreachable")
+        assert failures[("pve-lab2-ct201", "Stop this node when its Proxmox host did not finish a stage of this run")] \
+            .startswith("not run: its Proxmox host pve-lab2 did not finish the container stage")
+        for host in ("pve-lab", "pve-lab-ct200", "router"):  # the rest went on, and converged
+            assert summary["stats"]["ok"].get(host, 0) > 0 and host not in summary["stats"].get("failures", {})
+        assert f"worker pve-lab2 ({WORKER2}): DOWN, left out: it does not answer" in result.stderr
+        # The router serves with the one worker left.
+        assert _chat(router_api, 6) == [200] * 6
+    finally:
+        lab.fakepve.ensure_pve(lambda _line: None, lab.SITE2)
+    again = gpunode("provision", str(FLEET), "--limit", "pve-lab2", "--json", timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _summary(again)["failed_hosts"] == []
+    assert f"worker pve-lab2 ({WORKER2}): healthy" in again.stderr
+
+
+def test_a_dead_worker_is_left_out_named_by_check_and_brought_back(
+        gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi) -> None:
+    assert _on_node2(f"docker stop {SERVER_CONTAINER}").returncode == 0
+    # Requests through the router still succeed: it retries on the live worker, then stops sending
+    # to the dead one once its health checks fail.
+    assert _chat(router_api, 10) == [200] * 10
+    _wait_router_sees(router_api, WORKER2, healthy=False)
+    check = gpunode("check", str(FLEET), "--layer", "router", "--json", timeout=300)
+    assert check.returncode == 1
+    failed = [r for r in json.loads(check.stdout)["results"] if r["status"] == "fail"]
+    assert [(r["host"], r["check"]) for r in failed] == [("router", "test_worker_healthy[pve-lab2]")]
+    assert failed[0]["message"].startswith(f"worker pve-lab2 ({WORKER2}) is registered but unhealthy in the router; "
+                                           "the worker itself does not answer:")
+    assert failed[0]["message"].endswith("--limit pve-lab2`")
+    before = _per_worker(fleet)
+    repaired = gpunode("provision", str(FLEET), "--json", timeout=900)
+    assert repaired.returncode == 0, repaired.stderr[-3000:]
+    assert _changed(_summary(repaired)).get("pve-lab2-ct201", 0) >= 1  # the server started again
+    _wait_router_sees(router_api, WORKER2, healthy=True)
+    assert _chat(router_api, 6) == [200] * 6
+    after = _per_worker(fleet)
+    assert after[WORKER2] > before[WORKER2], (before, after)  # the router uses it again
+    assert gpunode("check", str(FLEET), "--layer", "router", timeout=300).returncode == 0
+
+
+def test_a_worker_the_router_dropped_is_registered_again(gpunode, converged: dict[str, Any],
+                                                         router_api: RouterApi) -> None:
+    # As when the router gave up on a worker that was down when it started: it no longer knows it.
+    dropped = next(w for w in router_api.workers() if w.url == WORKER2)
+    router_api.remove_worker(dropped)
+    _wait_router_sees(router_api, WORKER2, healthy=None)
+    result = gpunode("router", str(FLEET), "--json", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _changed(_summary(result)) == {"router": 1}
+    assert f"worker pve-lab2 ({WORKER2}): registered (it answers /health again)" in result.stderr
+    _wait_router_sees(router_api, WORKER2, healthy=True)
+    again = gpunode("router", str(FLEET), "--json", timeout=600)
+    assert again.returncode == 0 and _changed(_summary(again)) == {}
+    running = subprocess.run(lab.ssh_command(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}"),
+                             capture_output=True, text=True, timeout=60)
+    assert running.stdout.strip() == "true"
