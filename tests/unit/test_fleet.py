@@ -203,3 +203,19 @@ def test_check_runs_the_hosts_side_by_side_and_names_each(gpunode, tmp_path: Pat
     assert result.returncode == 3, result.stdout + result.stderr
     unreachable = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("UNREACHABLE")]
     assert unreachable == ["UNREACHABLE pve1", "UNREACHABLE pve1-ct200", "UNREACHABLE pve2", "UNREACHABLE pve2-ct201"]
+
+
+def test_a_router_on_a_machine_of_its_own(tmp_path: Path) -> None:
+    """runs_on an SSH address: the router machine is reached there, carries no server image, and the
+    smoke checks through it run without the bench (that needs a node with the server image)."""
+    path = variant(tmp_path, lambda d: d["router"].update(runs_on={
+        "address": "10.0.3.20", "key_file": "/var/lib/gpunode-lab/ssh/id_ed25519",
+        "known_hosts": "/var/lib/gpunode-lab/ssh/known_hosts"}))
+    fleet = load(path)
+    assert fleet.router_host is None
+    routed = derive.derive_router(fleet)
+    assert routed is not None and routed.runs_on is None and routed.reach.address == "10.0.3.20"
+    assert routed.url == "http://10.0.3.20:30080" and routed.bench_image is None and routed.model_dir is None
+    router = inventory.build(fleet, {})["all"]["children"]["routers"]["hosts"]["router"]
+    assert router["ansible_host"] == "10.0.3.20" and router["gpunode_derived"]["runs_on"] is None
+    assert "a machine of its own" in router_plan(fleet)["runs_on"]
