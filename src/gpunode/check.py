@@ -180,8 +180,7 @@ def run_group(inventory_file: Path, files: list[str], hosts: list[str]) -> Check
     return report
 
 
-def _group_in_subprocess(inventory_file: Path, files: list[str], name: str, hosts: list[str],
-                         out: Path) -> subprocess.Popen[bytes]:
+def _group_in_subprocess(inventory_file: Path, files: list[str], hosts: list[str], out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "gpunode.check", str(inventory_file), str(out), ",".join(hosts),
                              *files], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -207,7 +206,7 @@ def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[
     try:
         for name, hosts in groups:
             outs[name].unlink(missing_ok=True)
-            procs[name] = _group_in_subprocess(inv, files, name, hosts, outs[name])
+            procs[name] = _group_in_subprocess(inv, files, hosts, outs[name])
         said = {name: proc.communicate()[1].decode(errors="replace") for name, proc in procs.items()}
     except KeyboardInterrupt:
         for proc in procs.values():

@@ -597,6 +597,9 @@ class HostFile(Strict):
         return next((host for host in self.hosts if host.name == self.router.runs_on), None)
 
 
+ROUTER_INVENTORY_NAME = "router"  # gpunode.derive.ROUTER_NODE: the router machine in the inventory
+
+
 def worker_address(host: Host) -> str:
     """Where the router reaches a host's server: its bind address, or the node's own when it binds all."""
     bind = ipaddress.ip_address(host.server.bind)
@@ -621,6 +624,9 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         problems.append(at(("router", "runs_on"), f"{router.runs_on!r} is not a host of this file ({', '.join(names)})"))
     served = hf.hosts[0].served_name
     for index, host in enumerate(hf.hosts):
+        if host.name == ROUTER_INVENTORY_NAME:
+            problems.append(at(("hosts", index, "name"), f"{host.name!r} is the router's own name in gpunode's inventory: "
+                               "give the host another"))
         if ipaddress.ip_address(host.server.bind).is_loopback:
             problems.append(at(("hosts", index, "server", "bind"), f"{host.server.bind}: the router cannot reach a "
                                "server on loopback: bind 0.0.0.0 or the node's address (with server.api_key)"))

@@ -114,15 +114,19 @@ def test_https_from_container_trusts_host_ca() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "200", proc.stderr
 
 
-def test_known_hosts_pins_both_containers_keys() -> None:
+def test_known_hosts_pins_every_containers_key() -> None:
+    """Both sites' host and GPU containers (the fleet's second site too), each with its own key."""
     lines = [line.split() for line in lab.KNOWN_HOSTS.read_text().splitlines()]
     expected = []
-    for ct in (lab.GPU_CONTAINER, lab.HOST_CONTAINER):
+    for ct in (lab.GPU_CONTAINER, lab.HOST_CONTAINER, lab.SITE2.gpu, lab.SITE2.host):
         hostkey = (ct.rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
         expected.append([ct.ip, *hostkey[:2]])
     assert lines == expected
+    assert len({line[2] for line in lines}) == 4
     assert _ssh("true").returncode == 0
     assert _host_ssh("true").returncode == 0
+    for site in lab.SITES[1:]:
+        assert _ssh("true", host=site.gpu.ip).returncode == 0 and _ssh("true", host=site.host.ip).returncode == 0
 
 
 def test_host_container_running_with_systemd() -> None:

@@ -124,6 +124,9 @@ def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:
 
     router, derived = target.router, target.derived
     inputs = router_image.collect(router.image.base, router.image.ca_bundle)
+    if inputs.tag != derived.image_tag:
+        return StageResult(failed=True, summary=[f"the router image's inputs give {inputs.tag}, the inventory says "
+                                                 f"{derived.image_tag}: this gpunode did not write that inventory"])
     node = docker_client(fw.docker_url)
     here = docker_client(None) if router.image.build_on == "local" else node
     buffer = io.StringIO()
@@ -170,7 +173,7 @@ def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:
                  if not healthy else f"the smoke checks failed through the router: {'; '.join(failed_checks)}")
         lines.insert(0, first)
     return StageResult(changed=built or shipped or started.action != "kept" or changed, failed=failed,
-                       summary=lines, data={"record": record, "down": record["down"]})
+                       summary=lines, data={"record": record})
 
 
 __all__ = ["RouterTarget", "reconcile", "run"]

@@ -124,6 +124,8 @@ def test_plan_shows_the_router(fleet: HostFile) -> None:
     ("exposed-without-key", lambda d: [d["router"].pop("api_key")] + [h["server"].pop("api_key") for h in d["hosts"]],
      r"^router: bind 0\.0\.0\.0 is reachable from other machines: set api_key"),
     ("manual-policy", lambda d: d["router"].update(policy="manual"), r"^router\.policy: must be "),
+    ("host-named-router", lambda d: d["hosts"][1].update(name="router"),
+     r"^hosts\[1\]\.name: 'router' is the router's own name in gpunode's inventory"),
     ("python-3.12-base", lambda d: d["router"]["image"].update(base="ubuntu:24.04"),
      r"^router\.image\.base: ubuntu:24\.04 has Python 3\.12; the router's lock is for 3\.11"),
 ])
