@@ -85,7 +85,7 @@ def _ensure_fleet_key(progress: Progress) -> bool:
 
 
 def down(purge: bool = False, progress: Progress = noop) -> None:
-    """Take the lab apart: fakepve, both containers, the iptables rules and the bridge; with purge
+    """Take the lab apart: each site's fakepve and containers, the iptables rules and the bridge; with purge
     also LAB_DIR (keys, certificates, the debootstrap cache). Docker Engine is left running."""
     require_root()
     require_commands(["ip", "iptables", "lxc-stop", "lxc-destroy", "lxc-info"])
@@ -145,8 +145,8 @@ def _site_status(site: LabSite, root: bool, expected: dict[str, str]) -> dict[st
     host = _container_status(site.host, root)
     facts = (site.host.rootfs / LAB_HOST_FACTS_ROOT.lstrip("/") / "proc/driver/nvidia/version").is_file()
     answering = site.pve_password_file.exists() and pve_answers(site)
-    ok = bool(gpu.pop("ok") and gpu["devices"] == expected and host.pop("ok") and host["devices"] == expected
-              and facts and answering)
+    gpu_ok, host_ok = gpu.pop("ok"), host.pop("ok")
+    ok = bool(gpu_ok and gpu["devices"] == expected and host_ok and host["devices"] == expected and facts and answering)
     return {"gpu_node": gpu, "host_container": {**host, "facts": facts},
             "fakepve": {"url": site.pve_url, "node": PVE_NODE, "answering": answering}, "ok": ok}
 
