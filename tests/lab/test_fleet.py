@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import gpunode.lab as lab
 from gpunode import derive, hostfile
@@ -206,3 +207,45 @@ def test_a_worker_the_router_dropped_is_registered_again(gpunode, converged: dic
     running = subprocess.run(lab.ssh_command(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}"),
                              capture_output=True, text=True, timeout=60)
     assert running.stdout.strip() == "true"
+
+
+def test_a_router_on_a_machine_of_its_own_reached_by_ssh(gpunode, converged: dict[str, Any], tmp_path: Path) -> None:
+    """runs_on an SSH address, not a host of the file: the router stage builds the router image here,
+    ships it to that machine's engine over SSH, starts the router there with both servers as workers
+    and smoke-tests through it (no bench: that machine is not taken for a node holding the server
+    image); the router check layer reads it there. The second site's GPU node stands in for the
+    machine (it has a Docker engine and reaches both servers); what the test made there is removed."""
+    data = yaml.safe_load(FLEET.read_text())
+    data["router"]["runs_on"] = dict(data["hosts"][1]["container"]["ssh"])  # the second GPU node, by SSH
+    own = data["router"]["runs_on"]["address"]
+    assert own == lab.SITE2.gpu.ip
+    path = tmp_path / "fleet-router-own.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert _on_node2(f"docker inspect {ROUTER_CONTAINER}").returncode != 0  # nothing of the router there yet
+    try:
+        first = gpunode("router", str(path), "--json", timeout=900)
+        assert first.returncode == 0, first.stderr[-3000:]
+        summary = _summary(first)
+        assert set(_changed(summary)) == {"router"} and summary["failed_hosts"] == []  # the hosts only looked
+        assert ", shipped" in first.stderr  # built here, sent to the machine's engine
+        assert "worker pve-lab (http://10.0.3.10:30000): healthy" in first.stderr
+        assert f"worker pve-lab2 ({WORKER2}): healthy" in first.stderr
+        assert "PASS through the router: tool_call:" in first.stderr
+        assert "SKIP through the router: bench: no bench runner given" in first.stderr
+        running = _on_node2(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}")
+        assert running.stdout.strip() == "true", running.stderr
+        own_api = RouterApi(f"http://{own}:{data['router']['port']}", lab.FLEET_API_KEY.read_text().strip())
+        assert {w.url: w.healthy for w in own_api.workers()} == {"http://10.0.3.10:30000": True, WORKER2: True}
+        again = gpunode("router", str(path), "--json", timeout=600)
+        assert again.returncode == 0 and _changed(_summary(again)) == {}, again.stderr[-3000:]
+        check = gpunode("check", str(path), "--layer", "router", "--json", timeout=300)
+        results = json.loads(check.stdout)["results"]
+        assert check.returncode == 0, [r for r in results if r["status"] == "fail"]
+        assert {(r["host"], r["check"]) for r in results if r["status"] == "pass"} >= {
+            ("router", "test_worker_healthy[pve-lab]"), ("router", "test_worker_healthy[pve-lab2]"),
+            ("router", "test_smoke_passed_through_the_router")}
+    finally:
+        image = json.loads(_on_node2("cat /etc/gpunode/router.json").stdout or "{}").get("image")
+        removed = _on_node2(f"docker rm -f {ROUTER_CONTAINER}; rm -f /etc/gpunode/router.json"
+                            + (f"; docker rmi {image}" if image else ""))
+        assert removed.returncode == 0, removed.stderr
