@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpunode import profiles, stacks
-from gpunode.hostfile import ROUTER_INVENTORY_NAME, Container, Host, HostFile, Ssh, worker_address
+from gpunode.hostfile import ROUTER_NODE, Container, Host, HostFile, Ssh, worker_address
 from gpunode.image import aot, bases
 from gpunode.image.aot import AotPlan
 from gpunode.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NODES
@@ -189,7 +189,6 @@ def derive(host: Host) -> Derived:
 
 
 # ----------------------------------------------------------------------------- the router
-ROUTER_NODE = ROUTER_INVENTORY_NAME  # the router machine's inventory name (group routers)
 
 
 class RouterWorkerSpec(BaseModel):

@@ -597,7 +597,7 @@ class HostFile(Strict):
         return next((host for host in self.hosts if host.name == self.router.runs_on), None)
 
 
-ROUTER_INVENTORY_NAME = "router"  # gpunode.derive.ROUTER_NODE: the router machine in the inventory
+ROUTER_NODE = "router"  # the router machine's name in gpunode's inventory (group routers); no host may take it
 
 
 def worker_address(host: Host) -> str:
@@ -624,7 +624,7 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         problems.append(at(("router", "runs_on"), f"{router.runs_on!r} is not a host of this file ({', '.join(names)})"))
     served = hf.hosts[0].served_name
     for index, host in enumerate(hf.hosts):
-        if host.name == ROUTER_INVENTORY_NAME:
+        if host.name == ROUTER_NODE:
             problems.append(at(("hosts", index, "name"), f"{host.name!r} is the router's own name in gpunode's inventory: "
                                "give the host another"))
         if ipaddress.ip_address(host.server.bind).is_loopback:
