@@ -221,7 +221,11 @@ def test_a_router_on_a_machine_of_its_own_reached_by_ssh(gpunode, converged: dic
     assert own == lab.SITE2.gpu.ip
     path = tmp_path / "fleet-router-own.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert _on_node2(f"docker inspect {ROUTER_CONTAINER}").returncode != 0  # nothing of the router there yet
+    routed = derive.derive_router(hostfile.load(path))
+    assert routed is not None and routed.reach.address == own
+    # Nothing of the router there yet: what the test makes there, it removes.
+    absent = f"! docker container inspect {ROUTER_CONTAINER} && ! docker image inspect {routed.image_tag}"
+    assert _on_node2(absent).returncode == 0
     try:
         first = gpunode("router", str(path), "--json", timeout=900)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -245,7 +249,6 @@ def test_a_router_on_a_machine_of_its_own_reached_by_ssh(gpunode, converged: dic
             ("router", "test_worker_healthy[pve-lab]"), ("router", "test_worker_healthy[pve-lab2]"),
             ("router", "test_smoke_passed_through_the_router")}
     finally:
-        image = json.loads(_on_node2("cat /etc/gpunode/router.json").stdout or "{}").get("image")
-        removed = _on_node2(f"docker rm -f {ROUTER_CONTAINER}; rm -f /etc/gpunode/router.json"
-                            + (f"; docker rmi {image}" if image else ""))
+        removed = _on_node2(f"docker rm -f {ROUTER_CONTAINER}; docker rmi {routed.image_tag}; "
+                            f"rm -f /etc/gpunode/router.json; {absent} >/dev/null")
         assert removed.returncode == 0, removed.stderr
