@@ -138,7 +138,7 @@ def server_launch(host: Host) -> profiles.Launch:
     launch = profiles.resolve(profile, values, dict(host.server.flags), dict(host.server.env))
     if host.server.api_key is not None:
         # The key itself is read on the node at start; the plan never holds it.
-        launch = profiles.Launch(launch.argv + ("--api-key", "<from " + host.server.api_key.describe() + ">"),
+        launch = profiles.Launch(launch.argv + (profiles.flag_arg("--api-key", "<from " + host.server.api_key.describe() + ">"),),
                                  launch.env, {**launch.reasons, "--api-key": "required when bound beyond loopback"})
     if host.image.lab_stand_in:
         # The stand-in parses the launch with the flags of the stack's sglang (gpunode/lab/standin/sglang_server.py).
@@ -175,14 +175,14 @@ def derive(host: Host) -> Derived:
     planned = aot_plan(host)
     tag = image_tag(host, planned)
     launch = server_launch(host)
-    argv = list(launch.argv)
+    tp_size = launch.value_of(*profiles.TP_FLAGS)
     return Derived(
         name=host.name, node=node_name(host),
         container_config=container_config(host.container, host.name, with_devices=False),
         driver_mount=host.container.gpu_handoff == "host-driver",
         control_nodes=CONTROL_NODES, optional_nodes=OPTIONAL_NODES,
         aot=planned, image_tag=tag, server_image=server_image(host, tag), pins=host.image.pinned(),
-        launch=launch, tp_size=int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1,
+        launch=launch, tp_size=int(tp_size) if tp_size is not None else 1,
         served_name=host.served_name, server_container=CONTAINER_NAME,
         probe_sources=(str(MODULE_UTILS / "nvidia_nodes.py"), str(PACKAGE / "probe" / "cuda_probe.py")),
     )

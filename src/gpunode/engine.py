@@ -8,6 +8,7 @@ binds to the node's loopback by default, so its port is forwarded the same way f
 from __future__ import annotations
 
 import contextlib
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -36,14 +37,20 @@ def docker_client(docker_url: str | None):  # -> docker.DockerClient (imported l
     return docker.DockerClient(base_url=docker_url) if docker_url else docker.from_env()
 
 
-def ssh_base(ssh: Ssh) -> list[str]:
-    argv = ["ssh", "-p", str(ssh.port), "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-            "-o", "ServerAliveInterval=15"]
+def ssh_options(ssh: Ssh) -> list[str]:
+    """``ssh`` and its options, each value inside its own option argument."""
+    argv = ["ssh", f"-p{ssh.port}", "-oBatchMode=yes", "-oExitOnForwardFailure=yes", "-oServerAliveInterval=15"]
     if ssh.key_file is not None:
-        argv += ["-i", str(ssh.key_file.expanduser())]
+        argv.append(f"-i{ssh.key_file.expanduser()}")
     if ssh.known_hosts is not None:
-        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts.expanduser()}", "-o", "StrictHostKeyChecking=yes"]
-    return argv + [f"{ssh.user}@{ssh.address}"]
+        argv += [f"-oUserKnownHostsFile={ssh.known_hosts.expanduser()}", "-oStrictHostKeyChecking=yes"]
+    return argv
+
+
+def ssh_base(ssh: Ssh, *options: str) -> list[str]:
+    """ssh to the node, ready for a remote command: the destination after ``--``, so that nothing
+    from the host file can be read as an option (``-oProxyCommand=...`` runs a command here)."""
+    return [*ssh_options(ssh), *options, "--", f"{ssh.user}@{ssh.address}"]
 
 
 def _free_port() -> int:
@@ -64,10 +71,9 @@ def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> I
     folder.chmod(0o700)
     sock = folder / "docker.sock"
     local_ports = {port: _free_port() for port in ports}
-    argv = ssh_base(ssh)[:-1] + ["-nNT", "-L", f"{sock}:/var/run/docker.sock"]
-    for remote, local in local_ports.items():
-        argv += ["-L", f"127.0.0.1:{local}:127.0.0.1:{remote}"]
-    argv.append(ssh_base(ssh)[-1])
+    forwards = [f"-L{sock}:/var/run/docker.sock"]
+    forwards += [f"-L127.0.0.1:{local}:127.0.0.1:{remote}" for remote, local in local_ports.items()]
+    argv = ssh_base(ssh, "-nNT", *forwards)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout_s
@@ -95,7 +101,8 @@ def read_file(ssh: Ssh, path: str, timeout_s: float = 20.0) -> str | None:
             return Path(path).read_text()
         except FileNotFoundError:
             return None
-    proc = subprocess.run(ssh_base(ssh) + ["cat", "--", path], stdin=subprocess.DEVNULL, capture_output=True,
+    # The remote command is read by the node's shell: the path goes quoted.
+    proc = subprocess.run(ssh_base(ssh) + ["cat -- " + shlex.quote(path)], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=timeout_s)
     if proc.returncode == 0:
         return proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ def _ssh_vars(ssh: Ssh) -> dict[str, Any]:
         hostvars["ansible_ssh_private_key_file"] = str(ssh.key_file.expanduser())
     if ssh.known_hosts is not None:
         # Host keys are checked: a node answering with another key is not our node.
-        hostvars["ansible_ssh_common_args"] = (
-            f"-o UserKnownHostsFile={ssh.known_hosts.expanduser()} -o StrictHostKeyChecking=yes"
-        )
+        # Ansible splits this like a shell: the path goes quoted.
+        known_hosts = shlex.quote(f"-oUserKnownHostsFile={ssh.known_hosts.expanduser()}")
+        hostvars["ansible_ssh_common_args"] = f"{known_hosts} -oStrictHostKeyChecking=yes"
     return hostvars
 
 

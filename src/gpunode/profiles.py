@@ -6,6 +6,7 @@ not new code. The host file may override any flag or variable (``server.flags``/
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from typing import Any
 import yaml
 
 FlagValue = str | int | float | bool | None
+# The placeholders a flag value may hold, filled by name: nothing else in braces is read (a JSON
+# value such as '{"a": 1}' stays as written, and no value is ever evaluated).
+PLACEHOLDERS = ("model_dir", "served_name", "bind", "port")
+# sglang's names of the tensor-parallel size (server_args.py: --tensor-parallel-size, --tp-size).
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
 class ProfileError(ValueError):
@@ -95,11 +102,29 @@ class Launch:
     def command_line(self, redact: frozenset[str] = frozenset({"--api-key"})) -> str:
         """Shell-quoted command line, with the values of secret flags replaced by ***."""
         out: list[str] = []
-        hide_next = False
         for arg in self.argv:
-            out.append("***" if hide_next else shlex.quote(arg))
-            hide_next = arg in redact
+            flag, sep, _value = arg.partition("=")
+            out.append(shlex.quote(f"{flag}=***") if sep and flag in redact else shlex.quote(arg))
         return " ".join(out)
+
+    def value_of(self, *flags: str) -> str | None:
+        """The value given to the first of ``flags`` found (``--flag=value``), or None."""
+        for arg in self.argv:
+            flag, sep, value = arg.partition("=")
+            if sep and flag in flags:
+                return value
+        return None
+
+
+def flag_arg(flag: str, value: FlagValue) -> str:
+    """One argument for a flag and its value: ``--flag=value``, so that a value beginning with ``-``
+    is never read as a flag of its own (argparse takes whatever follows ``=``)."""
+    return flag if value is None or value is True else f"{flag}={value}"
+
+
+def fill(value: str, values: Mapping[str, str]) -> str:
+    """``value`` with each ``{placeholder}`` of PLACEHOLDERS replaced from ``values``, by name."""
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], value)
 
 
 def merged_flags(profile: Profile, overrides: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
@@ -116,10 +141,11 @@ def resolve(
     flag_overrides: dict[str, FlagValue],
     env_overrides: dict[str, str],
 ) -> Launch:
-    """Apply host-file overrides to a profile and fill its ``{placeholders}``.
+    """Apply host-file overrides to a profile and fill its ``{placeholders}`` (PLACEHOLDERS, by name).
 
     An override of ``false`` removes a switch or flag; ``true``/``null`` makes it a bare switch.
-    Flags the profile does not have are appended in the order given.
+    Flags the profile does not have are appended in the order given. Each flag with a value is one
+    argument, ``--flag=value``.
     """
     merged = merged_flags(profile, flag_overrides)
     reasons = {item.flag: item.why for item in profile.flags}
@@ -128,10 +154,7 @@ def resolve(
     for flag, value in merged.items():
         if value is False:
             continue
-        argv.append(flag)
-        if value is None or value is True:
-            continue
-        argv.append(str(value).format(**values) if isinstance(value, str) else str(value))
+        argv.append(flag_arg(flag, fill(value, values) if isinstance(value, str) else value))
     env = {item.name: item.value for item in profile.env}
     for item in profile.env:
         reasons[item.name] = item.why

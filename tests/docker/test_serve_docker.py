@@ -131,20 +131,21 @@ def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient,
 def test_api_key_file_smoke_and_key_change(docker_client: docker.DockerClient, fake_image: str,
                                            container_name: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUNODE_TEST_API_KEY", "docker-key-4f2a9")
+    monkeypatch.setenv("GPUNODE_TEST_API_KEY", "-docker-key-4f2a9")  # a leading "-": one argument still
     host = lab_host(tmp_path, api_key=hostfile.SecretRef(env="GPUNODE_TEST_API_KEY"))
     handoff = gpu_nodes(tmp_path)
     outcome, said = start(host, fake_image, container_name, handoff)
     assert outcome.exit_code == 0, said
     container = docker_client.containers.get(container_name)
     inspected = str(container.attrs)
-    assert "docker-key-4f2a9" not in inspected and "docker-key-4f2a9" not in said
-    assert container.attrs["Config"]["Cmd"][-2:] == ["--config", specs.API_KEY_CONFIG]
+    assert "-docker-key-4f2a9" not in inspected and "docker-key-4f2a9" not in said
+    # The launcher hands sglang the key from its file; the command names only the launcher.
+    assert container.attrs["Config"]["Cmd"][:3] == ["python3", specs.launcher()[0], "sglang.launch_server"]
     # The server read the key from the file: no key, 401; the key, every check passes.
     url = f"http://127.0.0.1:{host.server.port}"
     runner = bench.DockerBenchRunner(docker_client, fake_image, str(host.model.path))
     out = io.StringIO()
-    assert smoke(url, "glm-5", "docker-key-4f2a9", runner, True, out) == 0, out.getvalue()
+    assert smoke(url, "glm-5", "-docker-key-4f2a9", runner, True, out) == 0, out.getvalue()
     assert "docker-key-4f2a9" not in out.getvalue()
     assert smoke(url, "glm-5", None, None, True, io.StringIO()) == 1
     assert not docker_client.containers.list(all=True, filters={"label": "io.gpunode.role=sglang-bench"})

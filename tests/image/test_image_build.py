@@ -33,8 +33,9 @@ def profile_argv() -> list[str]:
 
 
 def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s one argument (``--flag=value``) given ``value`` instead."""
     out = list(argv)
-    out[out.index(flag) + 1] = value
+    out[[arg.partition("=")[0] for arg in out].index(flag)] = f"{flag}={value}"
     return out
 
 

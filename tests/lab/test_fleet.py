@@ -42,7 +42,10 @@ def fleet() -> hostfile.HostFile:
 def router_api(fleet: hostfile.HostFile) -> RouterApi:
     routed = derive.derive_router(fleet)
     assert routed is not None
-    return RouterApi(routed.url, lab.FLEET_API_KEY.read_text().strip())
+    key = lab.FLEET_API_KEY.read_text().strip()
+    # The lab's key begins with "-": the servers and the router that serve these tests prove it works.
+    assert key.startswith("-"), "the lab's fleet key should begin with '-' (gpunode lab up writes it so)"
+    return RouterApi(routed.url, key)
 
 
 def _summary(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:

@@ -385,21 +385,20 @@ def test_production_restart_overrides_the_host_files_flags(monkeypatch: pytest.M
 
     host = hostfile.load(Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.yml").hosts[0]
     host = restart_mod.overridden(host, {"--max-running-requests": 512})
-    seen: list[tuple[str, ...]] = []
+    seen: list[Any] = []
 
     def fake_run_serve(target: Any, image_tag: str, docker_url: Any, console: Any, timeout_s: float) -> Any:
-        seen.append(derive.server_launch(target).argv)
+        seen.append(derive.server_launch(target))
         fails = "--moe-runner-backend" in target.server.flags and target.server.flags["--moe-runner-backend"] == "bad"
         return serve_command.ServeOutcome(1 if fails else 0, messages=["the server exited"] if fails else [])
 
     monkeypatch.setattr(serve_command, "run_serve", fake_run_serve)
     restart = restart_mod.serve_restart(host, "gpunode/sglang:test", None, None)
     assert restart({FLAG: "flashinfer_cutedsl"}) == f"http://127.0.0.1:{host.server.port}"
-    argv = seen[-1]
-    assert argv[argv.index(FLAG) + 1] == "flashinfer_cutedsl"
-    assert argv[argv.index("--max-running-requests") + 1] == "512"  # the host file's own override kept
+    assert seen[-1].value_of(FLAG) == "flashinfer_cutedsl"
+    assert seen[-1].value_of("--max-running-requests") == "512"  # the host file's own override kept
     restart({})
-    assert seen[-1][seen[-1].index(FLAG) + 1] == "flashinfer_cutlass"  # the profile's value again
+    assert seen[-1].value_of(FLAG) == "flashinfer_cutlass"  # the profile's value again
     with pytest.raises(restart_mod.RestartFailed, match="did not become ready \\(exit 1\\): the server exited"):
         restart({FLAG: "bad"})
 

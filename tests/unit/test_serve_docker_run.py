@@ -45,11 +45,14 @@ def test_changed_settings_names_what_differs() -> None:
         "settings (the container was not made by gpunode serve)"]
 
 
-def test_key_archive_holds_one_private_file() -> None:
+def test_key_archive_holds_one_private_file_and_its_launcher() -> None:
     data = docker_run._key_archive(docker_run.server_key("k-123"))
+    launcher, content = specs.launcher()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        assert members["run/gpunode/sglang-api-key.yaml"].mode == 0o400
+        assert sorted(members) == sorted(["run", "run/gpunode", "run/gpunode/sglang-api-key.json", launcher[1:]])
+        assert members["run/gpunode/sglang-api-key.json"].mode == 0o400
+        assert members[launcher[1:]].mode == 0o444 and tar.extractfile(launcher[1:]).read() == content
         assert members["run/gpunode"].mode == 0o700 and members["run/gpunode"].isdir()
     assert docker_run._file_from_archive([data]) == specs.api_key_file_content("k-123")
     assert json.loads(specs.api_key_file_content('we"ird\\key')) == {"api-key": 'we"ird\\key'}

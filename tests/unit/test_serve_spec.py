@@ -10,7 +10,7 @@ import pytest
 from gpunode import derive, hostfile
 from gpunode.hostfile import Host
 from gpunode import handoff
-from gpunode.serve import docker_run
+from gpunode.serve import docker_run, launch
 from gpunode.serve import spec as specs
 from gpunode.serve.command import build_spec, probe_address
 
@@ -35,12 +35,13 @@ def test_spec_runs_the_plans_command_with_the_profile_env(host: Host) -> None:
     assert spec["image"] == IMAGE and spec["name"] == "gpunode-sglang" and spec["detach"] is True
     command = spec["command"]
     assert command[:3] == ["python3", "-m", "sglang.launch_server"]
-    pairs = dict(zip(command, command[1:]))
-    assert pairs["--model-path"] == "/model" and pairs["--tp-size"] == "8" and pairs["--port"] == "30000"
+    # Every value inside its flag's own argument: a value beginning with "-" is never a flag.
+    assert {"--model-path=/model", "--tp-size=8", "--port=30000"} <= set(command)
+    assert not [a for a in command[3:] if a.startswith("-") is False]
     # Inside its own network namespace it listens everywhere; Docker publishes only the bind address.
-    assert pairs["--host"] == "0.0.0.0"
+    assert "--host=0.0.0.0" in command
     assert spec["ports"] == {"30000/tcp": ("127.0.0.1", 30000)}
-    assert [a for a in command if a != "0.0.0.0"] == [a for a in launch.argv if a != "127.0.0.1"]
+    assert [a for a in command if a != "--host=0.0.0.0"] == [a for a in launch.argv if a != "--host=127.0.0.1"]
     assert spec["environment"] == {**launch.env, "FLASHINFER_WORKSPACE_BASE": "/var/cache/gpunode"}
     assert spec["environment"]["HF_HUB_OFFLINE"] == "1"
 
@@ -81,22 +82,62 @@ def test_private_ipc_gets_a_sized_shm_and_on_failure_a_max() -> None:
     assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
 
 
-def test_api_key_goes_through_a_config_file_never_the_spec(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_goes_through_a_key_file_and_the_launcher_never_the_spec(host: Host,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_KEY", "s3cret-value")
     exposed = with_server(host, bind="0.0.0.0", api_key=hostfile.SecretRef(env="SGLANG_KEY"))
     spec = build_spec(exposed, IMAGE, RUNTIME, with_api_key=True)
     assert "s3cret-value" not in json.dumps(spec, default=str)
     command = spec["command"]
-    assert "--api-key" not in command  # the plan's placeholder is dropped too
-    assert command[-2:] == ["--config", specs.API_KEY_CONFIG] and specs.API_KEY_CONFIG.endswith(".yaml")
+    assert not [a for a in command if a.startswith("--api-key")]  # the plan's placeholder is dropped too
+    path, content = specs.launcher()
+    assert command[:3] == ["python3", path, "sglang.launch_server"]
+    assert path.startswith("/run/gpunode/") and content == Path(launch.__file__).read_bytes()
     assert spec["ports"] == {"30000/tcp": ("0.0.0.0", 30000)}
-    content = specs.api_key_file_content("s3cret-value")
-    assert json.loads(content) == {"api-key": "s3cret-value"}  # YAML reads this JSON mapping the same
+    assert json.loads(specs.api_key_file_content("s3cret-value")) == {"api-key": "s3cret-value"}
+    # Without a key the server runs its module as the plan says, and there is no launcher.
+    plain = build_spec(host, IMAGE, RUNTIME, with_api_key=False)["command"]
+    assert plain[:3] == ["python3", "-m", "sglang.launch_server"]
 
 
-def test_config_file_flag_conflicts_with_the_api_key_file() -> None:
-    with pytest.raises(ValueError, match="--config"):
-        specs.container_argv(["python3", "-m", "x", "--config", "/a.yaml"], with_api_key_config=True)
+@pytest.mark.parametrize("key", ["-starts-with-a-dash", "--api-key", "-", "a b\"c'd", "k=v=w"])
+def test_the_launcher_hands_any_key_to_sglangs_parser_as_one_argument(key: str) -> None:
+    """A key that begins with '-' as sglang's own parser reads it (the stand-in rebuilds that parser
+    from the data dumped from sglang 0.5.9 and 0.5.23): the value, not an error or a flag."""
+    from gpunode.lab.standin import sglang_server
+
+    argv = launch.launch_argv("sglang.launch_server", ["--model-path=/model", "--tp-size=8"], key)
+    assert argv[0] == "sglang.launch_server" and argv[-1] == "--api-key=" + key
+    for version in ("0.5.9", "0.5.23"):
+        parser = sglang_server.real_parser(version)
+        assert parser.parse_args(argv[1:]).api_key == key
+        # Two arguments, as sglang's --config reader makes them, fail for a key beginning with "-"
+        # (argparse takes a lone "-" for a value).
+        if key.startswith("-") and key != "-":
+            with pytest.raises(SystemExit):
+                parser.parse_args(["--model-path=/model", "--api-key", key])
+
+
+def test_the_launcher_refuses_a_key_on_the_command_line() -> None:
+    for given in (["--api-key", "x"], ["--api-key=x"]):
+        with pytest.raises(SystemExit, match="never the command line"):
+            launch.launch_argv("sglang.launch_server", given, "k")
+
+
+def test_the_launcher_runs_the_module_as_python_m_does(tmp_path: Path) -> None:
+    """The real file, run as the container runs it: the module sees its arguments and the key."""
+    import subprocess
+    import sys
+
+    (tmp_path / "fake_entry.py").write_text("import sys\nprint(repr(sys.argv[1:]), __name__)\n")
+    key_file = tmp_path / "key.json"
+    key_file.write_bytes(specs.api_key_file_content("-dash-key"))
+    code = (f"import runpy, sys; sys.path.insert(0, {str(tmp_path)!r}); "
+            f"import gpunode.serve.launch as l; l.KEY_FILE = {str(key_file)!r}; "
+            "sys.argv = ['launch.py', 'fake_entry', '--tp-size=8']; l.main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['--tp-size=8', '--api-key=-dash-key'] __main__"
 
 
 def test_same_settings_same_hash_changed_settings_new_hash(host: Host) -> None:

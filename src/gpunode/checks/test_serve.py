@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import container_get, docker_inspect, quote
-from gpunode.serve.spec import API_KEY_CONFIG, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
+from gpunode.serve.spec import API_KEY_FILE, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
 
 FIX = "run `gpunode provision --tags serve`"
 LOG_LINES = 8
@@ -39,9 +39,9 @@ def _running(node: Any, gpunode_derived: dict[str, Any]) -> dict[str, Any]:
 
 
 def _get(node: Any, gpunode_host: dict[str, Any], gpunode_derived: dict[str, Any], path: str) -> tuple[int, str]:
-    """GET on the server from inside its container, with the key of its --config file."""
+    """GET on the server from inside its container, with the key of its key file."""
     return container_get(node, gpunode_derived["server_container"], int(gpunode_host["server"]["port"]),
-                         API_KEY_CONFIG, f"json.load(open({API_KEY_CONFIG!r}))['api-key']", path)
+                         API_KEY_FILE, f"json.load(open({API_KEY_FILE!r}))['api-key']", path)
 
 
 def test_server_container_running(gpu_node: Any, gpunode_derived: dict[str, Any]) -> None:

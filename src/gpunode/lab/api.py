@@ -73,13 +73,15 @@ def up(progress: Progress = noop) -> LabInfo:
 
 
 def _ensure_fleet_key(progress: Progress) -> bool:
-    """The API key the fleet's servers and router share (inventory/lab/fleet.yml): random, 0600."""
+    """The API key the fleet's servers and router share (inventory/lab/fleet.yml): random, 0600, and
+    always beginning with ``-``: such a key (one token_urlsafe in 64) once broke the servers' and the
+    router's launch, so every lab run proves that it no longer does."""
     import secrets as tokens
 
-    if FLEET_API_KEY.is_file() and FLEET_API_KEY.read_text().strip():
+    if FLEET_API_KEY.is_file() and FLEET_API_KEY.read_text().startswith("-"):
         return False
     FLEET_API_KEY.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_if_changed(FLEET_API_KEY, tokens.token_urlsafe(24), 0o600)
+    write_if_changed(FLEET_API_KEY, "-" + tokens.token_urlsafe(24), 0o600)
     progress(f"fleet: API key written to {FLEET_API_KEY}")
     return True
 

@@ -33,11 +33,12 @@ STARTUP_TIMEOUT_S = 600
 
 
 def router_argv(port: int, workers: Sequence[str], policy: str, health_check_interval_s: int) -> list[str]:
-    """The router's flags (sglang_router/router_args.py), without the API key."""
-    return ["--host", LISTEN_INSIDE, "--port", str(port), "--worker-urls", *workers, "--policy", policy,
-            "--health-check-interval-secs", str(health_check_interval_s),
-            "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
-            "--prometheus-host", LISTEN_INSIDE, "--prometheus-port", str(METRICS_INSIDE)]
+    """The router's flags (sglang_router/router_args.py), without the API key: each value as
+    ``--flag=value``, and the workers (URLs gpunode builds) after ``--worker-urls``, which takes many."""
+    return [f"--host={LISTEN_INSIDE}", f"--port={port}", "--worker-urls", *workers, f"--policy={policy}",
+            f"--health-check-interval-secs={health_check_interval_s}",
+            f"--worker-startup-timeout-secs={STARTUP_TIMEOUT_S}",
+            f"--prometheus-host={LISTEN_INSIDE}", f"--prometheus-port={METRICS_INSIDE}"]
 
 
 def container_spec(*, image: str, argv: Sequence[str], bind: str, port: int, metrics_port: int,

@@ -5,7 +5,7 @@ is running is left alone (same id, not restarted); changed settings, or a change
 it; a stopped one with the same settings is started again; one with the name but not gpunode's role
 label is never touched. A key goes in as a file written into the created container before it
 starts, never through the spec. ``ensure_server`` is that for the SGLang server and its API key
-(``spec.API_KEY_CONFIG``); the router stage uses it for the router.
+(``spec.API_KEY_FILE``, with the launcher that reads it); the router stage uses it for the router.
 """
 
 from __future__ import annotations
@@ -94,15 +94,19 @@ def _file_from_archive(chunks: Any) -> bytes | None:
 
 @dataclass(frozen=True)
 class KeyFile:
-    """A secret file written into a container before it starts (mode 0400, its folder 0700)."""
+    """A secret file written into a container before it starts (mode 0400, its folder 0700), with
+    the files that read it (not secret: mode 0444; their content is in the container's command)."""
 
     path: str
     content: bytes
+    readers: tuple[tuple[str, bytes], ...] = ()
 
 
 def server_key(api_key: str | None) -> KeyFile | None:
-    """The SGLang server's API key as its --config file."""
-    return KeyFile(specs.API_KEY_CONFIG, specs.api_key_file_content(api_key)) if api_key is not None else None
+    """The SGLang server's API key file, with the launcher that hands it to sglang."""
+    if api_key is None:
+        return None
+    return KeyFile(specs.API_KEY_FILE, specs.api_key_file_content(api_key), (specs.launcher(),))
 
 
 def key_matches(container: Container, key: KeyFile | None) -> bool:
@@ -124,19 +128,23 @@ def api_key_matches(container: Container, api_key: str | None) -> bool:
 
 def _key_archive(key: KeyFile) -> bytes:
     buf = io.BytesIO()
-    path = key.path.lstrip("/")
-    content = key.content
+    folders: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            folder = tarfile.TarInfo("/".join(parts[:depth]))
-            folder.type = tarfile.DIRTYPE
-            folder.mode = 0o755 if depth == 1 else 0o700
-            tar.addfile(folder)
-        info = tarfile.TarInfo(path)
-        info.size = len(content)
-        info.mode = 0o400
-        tar.addfile(info, io.BytesIO(content))
+        for full, content, mode in [(key.path, key.content, 0o400)] + [(p, c, 0o444) for p, c in key.readers]:
+            path = full.lstrip("/")
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                name = "/".join(parts[:depth])
+                if name not in folders:
+                    folders.add(name)
+                    folder = tarfile.TarInfo(name)
+                    folder.type = tarfile.DIRTYPE
+                    folder.mode = 0o755 if depth == 1 else 0o700
+                    tar.addfile(folder)
+            info = tarfile.TarInfo(path)
+            info.size = len(content)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(content))
     return buf.getvalue()
 
 

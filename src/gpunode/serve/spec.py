@@ -20,9 +20,12 @@ Choices, each for a reason:
 * Port published on the host file's ``bind`` address only; inside its own network namespace the
   server listens on 0.0.0.0, which nothing outside reaches except through that one binding.
 * The API key never appears in the command line, the environment or ``docker inspect``: sglang
-  0.5.9 reads it only as ``--api-key`` or from a ``--config`` YAML file (server_args.py,
-  server_args_config_parser.py), so the command says ``--config /run/gpunode/sglang-api-key.yaml``
-  and ``ensure_server`` writes that file into the container before starting it.
+  reads it only as ``--api-key`` or from a ``--config`` YAML file, whose reader splits it into two
+  arguments, so a key beginning with ``-`` would be taken for a flag (FIELD-NOTES s10). The
+  container runs gpunode's launcher (``gpunode/serve/launch.py``), which reads the key file and
+  hands sglang one ``--api-key=KEY``; ``ensure_server`` writes both files into the container
+  before starting it, and the launcher's path carries its digest, so a changed launcher is a
+  changed command.
 * Restart ``unless-stopped``: the server comes back after the node reboots; a crash during
   ``gpunode serve`` is caught and the container stopped, so a broken launch does not loop.
 * A label with a hash of all of the above: the same settings leave a running server alone.
@@ -34,11 +37,14 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 from docker.types import LogConfig, Mount, Ulimit
 
 from gpunode.handoff import GpuHandoff
+from gpunode.serve import launch
 
 CONTAINER_NAME = "gpunode-sglang"
 LABEL_ROLE = "io.gpunode.role"
@@ -46,7 +52,7 @@ LABEL_HASH = "io.gpunode.config-hash"
 LABEL_CONFIG = "io.gpunode.config"  # the hashed settings, readable, to say what changed
 ROLE = "sglang-server"
 MODEL_MOUNT = "/model"
-API_KEY_CONFIG = "/run/gpunode/sglang-api-key.yaml"  # sglang wants a .yaml/.yml suffix
+API_KEY_FILE = launch.KEY_FILE
 LISTEN_INSIDE = "0.0.0.0"
 STACK_BYTES = 64 * 1024 * 1024
 JIT_CACHE_MOUNT = "/var/cache/gpunode"
@@ -72,24 +78,27 @@ class RestartPolicy:
         return {"restart_policy": policy}
 
 
-def container_argv(argv: Sequence[str], with_api_key_config: bool) -> list[str]:
+@cache
+def launcher() -> tuple[str, bytes]:
+    """Where the launcher goes in the container (its path names its digest) and its bytes."""
+    content = Path(launch.__file__).read_bytes()
+    return f"/run/gpunode/sglang-launch-{hashlib.sha256(content).hexdigest()[:12]}.py", content
+
+
+def container_argv(argv: Sequence[str], with_api_key: bool) -> list[str]:
     """The launch argv as the container runs it: listen on every address of the container's own
-    namespace (Docker publishes only the host file's address), no ``--api-key`` value on the
-    command line, and ``--config`` pointing at the key file when there is a key."""
-    if with_api_key_config and "--config" in argv:
-        raise ValueError("--config is taken by the API key file: sglang 0.5.9 reads only one config file")
+    namespace (Docker publishes only the host file's address), no ``--api-key`` on the command
+    line, and with a key ``python3 <launcher> MODULE ...`` in place of ``python3 -m MODULE ...``."""
     out: list[str] = []
-    args = iter(argv)
-    for arg in args:
-        if arg == "--api-key":
-            next(args, None)  # the plan's placeholder or a value: neither belongs on the command line
-        elif arg == "--host":
-            next(args, None)
-            out.extend(["--host", LISTEN_INSIDE])
-        else:
-            out.append(arg)
-    if with_api_key_config:
-        out.extend(["--config", API_KEY_CONFIG])
+    for arg in argv:
+        flag = arg.partition("=")[0]
+        if flag == "--api-key":
+            continue  # the plan's placeholder or a value: neither belongs on the command line
+        out.append(f"--host={LISTEN_INSIDE}" if flag == "--host" else arg)
+    if with_api_key:
+        if out[1:2] != ["-m"]:
+            raise ValueError(f"the launch does not run a module (python3 -m MODULE ...): {out[:3]}")
+        out[1] = launcher()[0]
     return out
 
 
@@ -148,6 +157,5 @@ def container_spec(
 
 
 def api_key_file_content(key: str) -> bytes:
-    """The --config file: a mapping sglang merges into its arguments. JSON is valid YAML, and
-    json.dumps quotes any character a key may hold."""
+    """The key file the launcher reads: json.dumps quotes any character a key may hold."""
     return (json.dumps({"api-key": key}) + "\n").encode()

@@ -5,7 +5,8 @@ sglang-router 0.3.2 takes its key only as ``--api-key`` (sglang_router/router_ar
 workers. A command-line value would show in ``docker inspect`` and in /proc/<pid>/cmdline, so the
 container runs this file with the router's other flags; it parses them with the router's own
 parser (launch_router.parse_router_args), adds the key from KEY_FILE when that file exists, and
-launches the router in this process (launch_router.launch_router).
+launches the router in this process (launch_router.launch_router). The key is one argument,
+``--api-key=KEY``: as two, a key that begins with ``-`` would be read as a flag of its own.
 """
 
 import os
@@ -18,11 +19,11 @@ KEY_FILE = "/run/gpunode/router-api-key"
 
 def main() -> None:
     argv = sys.argv[1:]
-    if "--api-key" in argv:
+    if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in argv):
         sys.exit("gpunode router: the API key comes from " + KEY_FILE + ", never the command line")
     if os.path.exists(KEY_FILE):
         with open(KEY_FILE, encoding="utf-8") as handle:
-            argv = argv + ["--api-key", handle.read().strip()]
+            argv = argv + ["--api-key=" + handle.read().strip()]
     launch_router(parse_router_args(argv))
 
 

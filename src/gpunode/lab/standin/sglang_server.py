@@ -115,16 +115,16 @@ def read_config_file(path: str) -> list[str]:
 
 
 VERSION = os.environ.get("FAKE_SGLANG_VERSION", "0.5.9")
-ARGS_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"sglang_{VERSION.replace('.', '_')}_args.json")
 VALUE_TYPES = {"int": int, "float": float}  # the rest (str, json, json_list_type, nullable_str) take text
 DEFAULTS = {"host": "127.0.0.1", "port": 30000}  # server_args.py ServerArgs defaults (tp_size 1, below)
 
 
-def real_parser() -> argparse.ArgumentParser:
+def real_parser(version: str = VERSION) -> argparse.ArgumentParser:
     """sglang's own parser, rebuilt from the data dumped from it (sglang_<version>_args.json): every
     flag, its arity, number type and choices, so a misspelt flag or a bad value exits 2 with argparse's
     own words, as prepare_server_args (server_args.py:5579-5592) does."""
-    with open(ARGS_DATA, encoding="utf-8") as handle:
+    data_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"sglang_{version.replace('.', '_')}_args.json")
+    with open(data_file, encoding="utf-8") as handle:
         data = json.load(handle)
     parser = argparse.ArgumentParser(prog=data["prog"])
     for action in data["actions"]:
