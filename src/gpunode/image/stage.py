@@ -64,5 +64,7 @@ def run(target: Target, fw: Forward, check_mode: bool) -> StageResult:
         shipped = ship(docker_client(None), node, built.tag)
         lines.append(f"image {built.tag}: {'shipped to the node' if shipped else 'already on the node'}")
     kept = record(built.tag, image_id(node, built.tag), report.ok, [f.name for f in report.findings if not f.ok])
+    failing = [f"{f.name}: {f.detail}" for f in report.findings if not f.ok]
     return StageResult(changed=built.built or shipped, failed=not report.ok, summary=lines,
-                       data={"tag": built.tag, "built": built.built, "verify_ok": report.ok, "record": kept})
+                       data={"tag": built.tag, "built": built.built, "verify_ok": report.ok, "record": kept},
+                       cause=f"image {built.tag} failed verify: " + "; ".join(failing) if failing else None)

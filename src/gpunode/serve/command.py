@@ -41,6 +41,13 @@ class ServeOutcome:
     diagnosis: Diagnosis | None = None
     messages: list[str] = field(default_factory=list)
 
+    def cause(self) -> str:
+        """Why the server did not start or serve, on one line: the diagnosis, else the refusal."""
+        if self.diagnosis is not None:
+            evidence = f" (log: {self.diagnosis.evidence})" if self.diagnosis.evidence else ""
+            return f"{self.diagnosis.title}{evidence} -> {self.diagnosis.fix}"
+        return self.messages[0] if self.messages else f"exit {self.exit_code}"
+
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "start": self.start.as_dict() if self.start else None,
                 "readiness": self.readiness.as_dict() if self.readiness else None,

@@ -25,8 +25,9 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
                         launch=target.derived.launch, **settings)
     action = outcome.start.action if outcome.start else "none"
     lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
-    return StageResult(changed=action in ("started", "created", "replaced"), failed=outcome.exit_code != 0,
-                       summary=lines, data=outcome.as_dict())
+    failed = outcome.exit_code != 0
+    return StageResult(changed=action in ("started", "created", "replaced"), failed=failed,
+                       summary=lines, data=outcome.as_dict(), cause=outcome.cause() if failed else None)
 
 
 def node_settings(target: Target, docker_url: str) -> tuple[dict[str, Any], list[str]]:

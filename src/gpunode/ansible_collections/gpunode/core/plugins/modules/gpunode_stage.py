@@ -98,7 +98,7 @@ def _run(module: AnsibleModule) -> None:
         module.fail_json(msg=str(exc))
     summary = "\n".join(result.summary)
     if result.failed:
-        module.fail_json(msg=f"{p['stage']}: " + (result.summary[0] if result.summary else "failed"),
+        module.fail_json(msg=f"{p['stage']}: {result.failure()}",
                          gpunode_summary=summary, data=result.data)
     module.exit_json(changed=result.changed, gpunode_summary=summary, data=result.data)
 
