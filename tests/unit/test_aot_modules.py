@@ -184,6 +184,7 @@ def test_the_toolchains_cuda_is_what_nvcc_is_judged_against() -> None:
 
 # ---- the H200 reading: a module built ahead of time ran with JIT disabled ----------------------
 
+@pytest.mark.recording
 def test_the_h200_reading_shows_the_mechanism_end_to_end() -> None:
     """Recorded by scripts/aot_h200.py on an H200 (README beside the fixture): built for 9.0a with
     FlashInfer's generator, copied where FlashInfer's lookup looks (what flashinfer_aot.py does in

@@ -30,6 +30,7 @@ def scaled(lines: list[dict[str, Any]], **factors: float) -> list[dict[str, Any]
     return out
 
 
+@pytest.mark.recording
 def test_the_recorded_file(lines: list[dict[str, Any]]) -> None:
     assert [line["gpunode"]["concurrency"] for line in lines] == [1, 4]
     for line in lines:

@@ -28,6 +28,7 @@ def phase(recording: dict[str, Any], name: str) -> SampleSet:
     return whole.window(bounds["t0"], bounds["t1"])
 
 
+@pytest.mark.recording
 def test_the_recording_is_what_the_readme_says(recording: dict[str, Any]) -> None:
     whole = SampleSet.from_json(recording["sample_set"])
     assert whole.available and whole.interval_s == 0.1 and whole.unsupported == {} and whole.errors == []

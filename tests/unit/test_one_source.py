@@ -75,12 +75,30 @@ def test_the_readmes_exit_code_table_is_gpunode_exitcodes() -> None:
     assert readme_exit_codes() == exitcodes.COMMANDS
 
 
+# What each code's row must say in every command that uses it (one of these), and the words that
+# belong to one code alone and so may appear in no other code's row.
+SAYS = {exitcodes.OK: ("valid", "shown", "converged", "passed", "met", "ready", "built", "ok", "done", "named"),
+        exitcodes.FAILED: ("fail", "refused", "not ready", "below"),
+        exitcodes.BAD_INPUT: ("bad",), exitcodes.UNREACHABLE: ("unreachable",),
+        exitcodes.ENVIRONMENT: ("could not", "missing", "no "),
+        exitcodes.NOT_APPLICABLE: ("not applicable",), exitcodes.INTERRUPTED: ("interrupted",)}
+OWN_WORDS = {exitcodes.BAD_INPUT: "bad input", exitcodes.UNREACHABLE: "unreachable",
+             exitcodes.NOT_APPLICABLE: "not applicable", exitcodes.INTERRUPTED: "interrupted"}
+
+
+def test_every_code_has_its_words() -> None:
+    assert set(SAYS) == set(exitcodes.MEANING)
+
+
 @pytest.mark.parametrize("code", sorted(exitcodes.MEANING))
 def test_each_code_means_one_thing_in_every_command(code: int) -> None:
     """A command may leave a code out, never use it for something else: 3 is always unreachable,
-    5 always passed-where-it-applies."""
-    words = {exitcodes.UNREACHABLE: "unreachable", exitcodes.NOT_APPLICABLE: "not applicable",
-             exitcodes.INTERRUPTED: "interrupted", exitcodes.BAD_INPUT: "bad"}
-    for command, codes in exitcodes.COMMANDS.items():
-        if code in codes and code in words:
-            assert words[code] in codes[code], (command, code, codes[code])
+    5 always passed-where-it-applies; every code is used by some command and each of its rows says
+    what the code means, with no word that is another code's own."""
+    rows = {command: codes[code] for command, codes in exitcodes.COMMANDS.items() if code in codes}
+    assert rows, f"no command returns {code}"
+    for command, text in rows.items():
+        assert any(word in text for word in SAYS[code]), (command, code, text)
+        for other, word in OWN_WORDS.items():
+            if other != code:
+                assert word not in text, (command, code, text, f"says {word!r}, the meaning of {other}")

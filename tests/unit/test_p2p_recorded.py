@@ -3,11 +3,15 @@
 Everything here reads tests/fixtures/p2p, recorded by tests/fixtures/p2p/record.sh on the device
 machine: the check's JSON and text, the plain timed copy loop it is held to, the pair code path
 with one GPU as both ends, nvidia-smi's own view (-q and topo), and the log of exit codes and wall
-times. No number here is made up.
+times. No number here is made up, and no recording is edited: the exit codes recorded before
+gpunode.exitcodes gave each code one meaning (2026-12-01) are read through RECORDED_EXIT (the
+single-GPU pass was 3 then, is 5 now). Tests marked ``recording`` are fixture-integrity checks:
+they read the recordings and no gpunode code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import exitcodes
 from gpunode.p2p import report, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +34,10 @@ def _json(name: str) -> dict[str, Any]:
     return data
 
 
+# The p2p check's exit codes as recorded on 2026-11-30 -> what each means now (gpunode.exitcodes).
+RECORDED_EXIT = {0: exitcodes.OK, 1: exitcodes.FAILED, 3: exitcodes.NOT_APPLICABLE}
+
+
 @pytest.fixture(scope="module")
 def recorded() -> dict[str, Any]:
     return _json("p2p.json")
@@ -36,7 +45,10 @@ def recorded() -> dict[str, Any]:
 
 @pytest.fixture
 def result(recorded: dict[str, Any]) -> report.CheckResult:
-    return report.result_from_json(recorded)
+    """The recorded result with its verdict's exit code read as today's."""
+    as_recorded = report.result_from_json(recorded)
+    now = dataclasses.replace(as_recorded.verdict, exit_code=RECORDED_EXIT[as_recorded.verdict.exit_code])
+    return dataclasses.replace(as_recorded, verdict=now)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +73,11 @@ def _smi_section_value(section: str, label: str) -> str:
 
 def test_json_round_trips_through_the_dataclasses(recorded: dict[str, Any]) -> None:
     assert report.to_json(report.result_from_json(recorded)) == recorded
+
+
+def test_the_recorded_verdict_is_read_through_the_exit_code_map(recorded: dict[str, Any],
+                                                                result: report.CheckResult) -> None:
+    assert recorded["verdict"]["exit_code"] == 3 and result.verdict.exit_code == exitcodes.NOT_APPLICABLE
 
 
 def test_judging_the_recorded_readings_again_gives_the_recorded_verdict(result: report.CheckResult) -> None:
@@ -107,6 +124,7 @@ def test_topology_row_agrees_with_nvidia_smi_topo(result: report.CheckResult) ->
     assert gpu.unavailable["numa_node"] == "Not Supported"
 
 
+@pytest.mark.recording
 def test_link_was_read_while_copies_ran(result: report.CheckResult) -> None:
     assert result.topology is not None and result.measurements is not None
     (gpu,) = result.topology.gpus
@@ -120,6 +138,7 @@ def test_link_was_read_while_copies_ran(result: report.CheckResult) -> None:
     assert load.sm_clock_mhz == gpu.max_clocks_mhz["sm"]
 
 
+@pytest.mark.recording
 @pytest.mark.parametrize("kind", ["h2d", "d2h", "d2d"])
 def test_bandwidth_reaches_95_percent_of_the_plain_copy_loop(result: report.CheckResult, reference: dict[str, Any],
                                                               kind: str) -> None:
@@ -128,6 +147,7 @@ def test_bandwidth_reaches_95_percent_of_the_plain_copy_loop(result: report.Chec
     assert measured.median_gbps >= 0.95 * reference[kind]["median_gbps"]
 
 
+@pytest.mark.recording
 def test_device_local_copy_counts_bytes_copied_once(result: report.CheckResult) -> None:
     # FIELD-NOTES s1: ~2126 GB/s of copied bytes on this H200 (read + write would be twice that).
     assert result.measurements is not None
@@ -135,6 +155,7 @@ def test_device_local_copy_counts_bytes_copied_once(result: report.CheckResult) 
     assert d2d is not None and 0.95 * 2126 <= d2d.median_gbps <= 1.05 * 2126
 
 
+@pytest.mark.recording
 def test_every_measurement_is_verified_and_the_median_is_the_median(result: report.CheckResult) -> None:
     assert result.measurements is not None and result.method is not None
     gpu = result.measurements.gpus[0]
@@ -147,6 +168,7 @@ def test_every_measurement_is_verified_and_the_median_is_the_median(result: repo
     assert gpu.errors == {} and gpu.pinning == "numa-local" and gpu.host_memory.startswith("cudaHostRegister")
 
 
+@pytest.mark.recording
 def test_one_gpu_check_runs_under_15_seconds(result: report.CheckResult) -> None:
     assert result.timing["total_s"] < 15
     walls = dict(re.findall(r"^(check_\w+) rc=\d+ wall_s=([\d.]+)$", (FIXTURES / "record-log.txt").read_text(),
@@ -154,16 +176,20 @@ def test_one_gpu_check_runs_under_15_seconds(result: report.CheckResult) -> None
     assert float(walls["check_json"]) < 15 and float(walls["check_text"]) < 15  # whole process, imports included
 
 
+@pytest.mark.recording
 def test_recorded_exit_codes() -> None:
     log = (FIXTURES / "record-log.txt").read_text()
-    codes = dict(re.findall(r"^(\w+) rc=(\d+)", log, re.MULTILINE))
-    assert codes == {"check_json": "3", "check_text": "3", "check_min_gpus_8": "1", "reference": "0", "pair_path": "0"}
+    codes = {name: RECORDED_EXIT[int(rc)] for name, rc in re.findall(r"^(\w+) rc=(\d+)", log, re.MULTILINE)}
+    assert codes == {"check_json": exitcodes.NOT_APPLICABLE, "check_text": exitcodes.NOT_APPLICABLE,
+                     "check_min_gpus_8": exitcodes.FAILED, "reference": exitcodes.OK, "pair_path": exitcodes.OK}
     assert "min_gpus verdict: fail 1 ['vm-passthrough', 'pairs-not-applicable', 'too-few-gpus']" in log
 
 
+@pytest.mark.recording
 def test_recorded_text_report_shows_verdict_matrix_and_finding() -> None:
     text = (FIXTURES / "p2p.txt").read_text()
-    assert text.startswith("gpunode p2p: PASS (PAIRS NOT APPLICABLE) (exit 5)")
+    recorded_code = {now: then for then, now in RECORDED_EXIT.items()}[exitcodes.NOT_APPLICABLE]
+    assert text.startswith(f"gpunode p2p: PASS (PAIRS NOT APPLICABLE) (exit {recorded_code})")
     assert "WARN vm-passthrough GPU0" in text and "INFO pairs-not-applicable" in text
     assert re.search(r"GPU0 │\s+X\s+│ 0-15\s+│ 0\s+│ N/A", text)
 
@@ -177,6 +203,7 @@ def test_rendering_the_recorded_result(result: report.CheckResult) -> None:
     assert f"{result.measurements.gpus[0].h2d.median_gbps:.1f}" in text
 
 
+@pytest.mark.recording
 def test_pair_code_path_ran_on_the_gpu_and_verified_its_copies() -> None:
     recorded = _json("pair_path.json")
     pair = recorded["pair"]

@@ -2,6 +2,7 @@
 NVLinks, a Firecracker VM with GPU pass-through). Everything here reads tests/fixtures/p2p/h200x2,
 recorded in one command: the check's JSON and text, a plain timed peer copy loop for the same
 pairs (tests/fixtures/p2p/reference_peer.py), and nvidia-smi topo. No number here is made up.
+Tests marked ``recording`` are fixture-integrity checks: they read the recordings and no gpunode code.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def pair(recorded: dict[str, Any], src: int, dst: int) -> dict[str, Any]:
     return next(p for p in recorded["measurements"]["pairs"] if (p["src"], p["dst"]) == (src, dst))
 
 
+@pytest.mark.recording
 def test_two_gpus_pass_with_every_copy_verified(recorded: dict[str, Any]) -> None:
     assert recorded["verdict"]["status"] == "pass" and recorded["verdict"]["exit_code"] == 0
     assert recorded["verdict"]["pairs_applicable"] is True
@@ -44,6 +46,7 @@ def test_two_gpus_pass_with_every_copy_verified(recorded: dict[str, Any]) -> Non
     assert recorded["timing"]["total_s"] < 15  # two GPUs, two ordered pairs
 
 
+@pytest.mark.recording
 @pytest.mark.parametrize("src,dst", [(0, 1), (1, 0)])
 def test_pairs_reach_95_percent_of_the_plain_peer_loop(recorded: dict[str, Any], reference: dict[str, Any],
                                                       src: int, dst: int) -> None:
@@ -53,6 +56,7 @@ def test_pairs_reach_95_percent_of_the_plain_peer_loop(recorded: dict[str, Any],
     assert ours >= 0.95 * plain["uni_median_gbps"], (ours, plain["uni_median_gbps"])
 
 
+@pytest.mark.recording
 def test_bidirectional_is_two_links_worth(recorded: dict[str, Any], reference: dict[str, Any]) -> None:
     ours = pair(recorded, 0, 1)["bidir"]["median_gbps"]
     plain = next(p for p in reference["pairs"] if (p["src"], p["dst"]) == (0, 1))["bidir_median_gbps"]
@@ -61,6 +65,7 @@ def test_bidirectional_is_two_links_worth(recorded: dict[str, Any], reference: d
     assert ours > 1.8 * pair(recorded, 0, 1)["uni"]["median_gbps"]
 
 
+@pytest.mark.recording
 def test_topology_matches_nvidia_smi(recorded: dict[str, Any]) -> None:
     text = (FIXTURES / "topo_x2.txt").read_text()
     rows = {m.group(1): m.group(2).split() for m in re.finditer(r"^(GPU\d)\s+(.*)$", text, re.M)}
