@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +52,47 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return XDIST_GROUPS.get(parts[1], nodeid) if len(parts) == 3 and parts[0] == "tests" else nodeid
 
     return ByFolder(config, log)
+
+
+# ----------------------------------------------------------------------------- every case asserts
+# A case that ran no assertion proves nothing, so it fails. Counted: each assert that passed in a
+# rewritten module (test modules, conftests and the helpers registered below; pytest calls
+# pytest_assertion_pass for each, with enable_assertion_pass_hook in pyproject.toml), each
+# pytest.raises / pytest.warns entered (a case that expects a refusal asserts that way), and each
+# assertion a case counts itself through the ``asserted`` fixture (a helper outside tests/ that
+# raises AssertionError). A skipped case is not a pass and needs none.
+pytest.register_assert_rewrite("fakes")
+_ASSERTIONS = [0]
+
+
+def _counting(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        _ASSERTIONS[0] += 1
+        return original(*args, **kwargs)
+    return counted
+
+
+pytest.raises = _counting(pytest.raises)  # type: ignore[assignment]
+pytest.warns = _counting(pytest.warns)  # type: ignore[assignment]
+
+
+def pytest_assertion_pass(item: pytest.Item, lineno: int, orig: str, expl: str) -> None:
+    _ASSERTIONS[0] += 1
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    _ASSERTIONS[0] = 0
+    result = yield
+    if _ASSERTIONS[0] == 0:
+        pytest.fail(f"{item.nodeid} ran no assertion: a case that asserts nothing proves nothing", pytrace=False)
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    passed = terminalreporter.stats.get("passed", [])
+    integrity = [r for r in passed if "recording" in getattr(r, "keywords", {})]
+    if integrity:
+        terminalreporter.write_line(f"of the {len(passed)} passed, {len(integrity)} are fixture-integrity checks "
+                                    "(marked recording: they read a recording and no gpunode code)")

@@ -17,6 +17,7 @@ import io
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ import pytest
 from gpunode import exitcodes
 from gpunode.p2p import report, verdict
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.recorded import RECORDED_EXIT  # noqa: E402 - tests/ put on the path just above
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "p2p"
 
@@ -32,10 +36,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "p2p"
 def _json(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
     return data
-
-
-# The p2p check's exit codes as recorded on 2026-11-30 -> what each means now (gpunode.exitcodes).
-RECORDED_EXIT = {0: exitcodes.OK, 1: exitcodes.FAILED, 3: exitcodes.NOT_APPLICABLE}
 
 
 @pytest.fixture(scope="module")

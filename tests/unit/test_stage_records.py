@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
+from gpunode import exitcodes
 from gpunode.p2p import stage as p2p_stage
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.recorded import RECORDED_EXIT  # noqa: E402 - tests/ put on the path just above
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "p2p"
 
@@ -24,9 +29,11 @@ def test_two_gpu_pass_is_recorded_ok_without_warnings_as_failures() -> None:
 
 
 def test_single_gpu_pass_is_ok() -> None:
-    verdict = _verdict("p2p.json")  # one H200: pairs not applicable (exit 5)
-    record = p2p_stage.record("all", verdict["exit_code"], verdict)
-    assert record["ok"] and record["exit_code"] == 5 and record["status"] == "pass (pairs not applicable)"
+    verdict = _verdict("p2p.json")  # one H200: pairs not applicable (recorded as exit 3, 5 now)
+    code = RECORDED_EXIT[verdict["exit_code"]]
+    record = p2p_stage.record("all", code, {**verdict, "exit_code": code})
+    assert record["ok"] and record["exit_code"] == exitcodes.NOT_APPLICABLE
+    assert record["status"] == "pass (pairs not applicable)"
 
 
 def test_failed_findings_are_named_in_the_record() -> None:
