@@ -43,6 +43,7 @@ def gpunode_module(tmp_path_factory: pytest.TempPathFactory):
 XDIST_GROUPS = {"lab": "lab", "image": "engine", "docker": "engine"}
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown: not an error
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
