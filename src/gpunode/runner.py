@@ -11,10 +11,8 @@ import datetime as dt
 import difflib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -175,13 +173,15 @@ class SecretUnavailable(Exception):
 
 @contextlib.contextmanager
 def secret_files(hostfile: HostFile) -> Iterator[inventory.SecretFiles]:
-    """Files holding the run's secrets, for modules to read; removed when the run ends.
+    """Files holding the run's secrets, for modules to read; gone when the run ends, however it ends.
 
-    ``file:`` secrets are used where they are; ``env:`` secrets are copied into a private
-    directory (mode 0700, in RAM where /dev/shm exists), so no value is ever an Ansible variable,
-    an argument, or part of the environment that ansible-runner records.
+    ``file:`` secrets are used where they are; an ``env:`` secret is copied into an anonymous file
+    in memory (memfd_create) that this process holds open, and modules read it at
+    ``/proc/<pid>/fd/<n>``. So no value is ever an Ansible variable, an argument, part of the
+    environment that ansible-runner records, or a file on any disk or tmpfs: the kernel frees it
+    when this process ends, also when it is killed with SIGKILL.
     """
-    folder = Path(tempfile.mkdtemp(prefix="gpunode-secrets-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    held: list[int] = []
     try:
         paths: inventory.SecretFiles = {}
         for (host, field), ref in inventory.secret_refs(hostfile).items():
@@ -194,13 +194,13 @@ def secret_files(hostfile: HostFile) -> Iterator[inventory.SecretFiles]:
             elif ref.env is not None:
                 if ref.env not in os.environ:
                     raise SecretUnavailable(f"{where}: environment variable {ref.env} is not set")
-                target = folder / f"{host}-{field}"
-                target.touch(mode=0o600)
-                target.write_text(os.environ[ref.env], encoding="utf-8")
-                paths[(host, field)] = target
+                held.append(os.memfd_create(f"gpunode-secret-{field}", os.MFD_CLOEXEC))
+                os.write(held[-1], os.environ[ref.env].encode())
+                paths[(host, field)] = Path(f"/proc/{os.getpid()}/fd/{held[-1]}")
         yield paths
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        for fd in held:
+            os.close(fd)
 
 
 @contextlib.contextmanager
