@@ -8,13 +8,18 @@ never inline: a secret field takes ``{env: NAME}``, ``{file: PATH}`` or ``{vault
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
+import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -24,8 +29,10 @@ from pydantic import (
 )
 
 from gpunode import profiles
-from gpunode.nvidia import MIN_DRIVER_SM120
+from gpunode.nvidia import MIN_DRIVER_SM120, MINORS, UVM_NODES
+from gpunode.paths import PACKAGE
 from gpunode import stacks
+from gpunode.text import one_line, shown
 from gpunode.yamlsource import SourceError, YamlSource, format_path, load_yaml
 
 HOSTNAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -34,20 +41,138 @@ DRIVER_RE = r"^\d{3}\.\d{1,3}(\.\d{1,3})?$"
 SHA256_RE = r"^[0-9a-f]{64}$"
 FINGERPRINT_RE = r"^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$"
 PIN_RE = r"^\d+(\.\d+)*$"
+USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"  # a login name (useradd's rule): nothing that can start an option
+_DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# A URL with user information (scheme://user@ or scheme://user:password@), anywhere in a value.
+# The lookbehind starts a scheme only where one can begin: without it a long run of letters is
+# tried from every position (quadratic; a 100 kB flag value took 10 s).
+_USER_INFO = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s]*@")
+# /dev/nvidiaN minors: 0-247 are GPUs (NV_MINOR_DEVICE_NUMBER_REGULAR_MAX, the driver's
+# nv-chardev-numbers.h); 248-253 are unused, 254 and 255 are nvidia-modeset and nvidiactl (MINORS).
+GPU_MINOR_MAX = 247
+# Environment names that hold a secret: never inline, since plan prints server.env and docker
+# inspect shows it.
+_SECRET_ENV = re.compile(r"(^|_)(TOKEN|KEY)$|PASSWORD|SECRET")
+SECRET_FLAG_ENDINGS = ("-key", "-token", "-password", "-secret")
+SECRET_REF = "{env: NAME}, {file: PATH} or {vault: PATH}"
+# Flags gpunode sets from the host file's own keys: given in server.flags too, sglang would take
+# whichever came last, and plan would show the other.
+OWNED_FLAGS = {"--model-path": "model.path", "--model": "model.path", "--served-model-name": "model.served_name",
+               "--host": "server.bind", "--port": "server.port"}
+# Variables that would change which GPUs the server sees.
+OWNED_ENV = {"CUDA_VISIBLE_DEVICES": "container.gpus", "NVIDIA_VISIBLE_DEVICES": "container.gpus"}
+
+
+def address_text(value: str) -> str:
+    """An IP address (v4 or v6) or a DNS name by RFC 1123: never text ssh could read as an option."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    # A last label of digits only is a mistyped IPv4 address, not a name.
+    if len(value) > 253 or not all(_DNS_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        raise ValueError(f"{shown(value, quote=True)} is not an IP address or a DNS name (RFC 1123: dot-separated "
+                         "labels of letters, digits and '-', none starting or ending with '-', <= 63 characters "
+                         "each, <= 253 in all)")
+    return value
+
+
+def user_name_text(value: str) -> str:
+    """A login name: lower case letters, digits, '_' and '-', starting with a letter or '_', <= 32."""
+    if not re.fullmatch(USER_RE, value):
+        raise ValueError(f"{shown(value, quote=True)} is not a user name (letters a-z, digits, '_' and '-', "
+                         "starting with a letter or '_', <= 32 characters)")
+    return value
+
+
+def url_text(value: str, credentials: str) -> str:
+    """A URL without user information, whose host is an address (``address_text``). The message
+    never repeats a URL that holds credentials; ``credentials`` says where they go instead."""
+    parts = urlsplit(value)
+    if "@" in parts.netloc:
+        raise ValueError(f"the URL carries user information (user@ or user:password@), never inline: {credentials}")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"{shown(value, quote=True)} has a port outside 0-65535") from None
+    # The host as written (urlsplit's hostname is lower-cased), without port or IPv6 brackets.
+    host = parts.netloc.rpartition(":")[0] if parts.port is not None or parts.netloc.endswith(":") else parts.netloc
+    address_text(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    return value
+
+
+def base_text(value: str) -> str:
+    """An image base of images/sglang/bases.yml, optionally behind a registry mirror, which is an
+    address and carries no credentials (the message never repeats them)."""
+    from gpunode.image import bases
+
+    head, slash, _ = value.partition("/")
+    if slash and "@" in head:
+        raise ValueError("the registry carries user information (user@ or user:password@), never inline: log the "
+                         "engine in to the registry (docker login) instead")
+    try:
+        ref = bases.parse(value)
+    except bases.BaseRefError as exc:
+        raise ValueError(str(exc)) from None
+    if ref.registry is not None:
+        address_text(urlsplit(f"//{ref.registry}").hostname or "")
+    return value
+
+
+def secret_flag(names: tuple[str, ...]) -> bool:
+    return any(name.endswith(SECRET_FLAG_ENDINGS) for name in names)
+
+
+def flag_refusal(names: tuple[str, ...]) -> str | None:
+    """Why a flag (one argument's option strings) is not the host file's to give, with the key to
+    use instead; None if it is."""
+    for name in names:
+        if name in OWNED_FLAGS:
+            return f"is set by {OWNED_FLAGS[name]}, not server.flags"
+    if "--config" in names:
+        return "reads sglang's flags from a file, past every check here: give each flag under server.flags"
+    if secret_flag(names):
+        return (f"carries a secret, never inline (plan prints server.flags): server.flags takes no secret "
+                f"reference; the server's key is server.api_key ({SECRET_REF})")
+    return None
 
 
 class Strict(BaseModel):
-    """Base for every section: unknown keys are errors, values are immutable once loaded."""
+    """Base for every section: unknown keys are errors, values are immutable once loaded, and
+    types are strict: a whole number is a YAML integer (not true, "8" or 8.0), true/false is a
+    YAML boolean (not "yes" or 1), a string is a YAML string (not 123)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+PATH_MAX = 4096  # Linux's PATH_MAX and NAME_MAX: a longer path cannot even be looked at
+NAME_MAX = 255
+
+
+def _usable_path(value: Path) -> Path:
+    text = str(value)
+    if len(text.encode("utf-8", "surrogatepass")) > PATH_MAX:
+        raise ValueError(f"a path of {len(text)} characters: Linux takes at most {PATH_MAX} bytes")
+    for part in value.parts:
+        if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+            raise ValueError(f"a path with a name of {len(part)} characters ({shown(part, limit=40)}): Linux takes "
+                             f"at most {NAME_MAX} bytes")
+    return value
+
+
+# A path is written as a YAML string (the one type strict mode would refuse from one), and is one
+# that the system can look at (is_file() raises on a longer one).
+PathValue = Annotated[Path, Field(strict=False), AfterValidator(_usable_path)]
 
 
 class SecretRef(Strict):
     """Where a secret comes from. Exactly one of env, file, vault; never the value itself."""
 
     env: Annotated[str, Field(pattern=ENV_NAME_RE)] | None = None
-    file: Path | None = None
-    vault: Path | None = None
+    file: PathValue | None = None
+    vault: PathValue | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -78,8 +203,36 @@ class SecretRef(Strict):
                 raise LookupError(f"environment variable {self.env} is not set")
             return os.environ[self.env]
         if self.file is not None:
-            return self.file.expanduser().read_text(encoding="utf-8").strip()
+            return read_secret_file(self.file.expanduser())
         raise LookupError("vault secrets are decrypted by ansible-vault at run time")
+
+
+SECRET_FILE_MAX = 64 * 1024  # a password, token or key; anything longer is not a secret file
+
+
+def read_secret_file(path: Path) -> str:
+    """A secret file's value: a regular file (never a FIFO that would block, a device, a folder), at
+    most SECRET_FILE_MAX bytes of UTF-8; any other is a LookupError of one line."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise LookupError(f"secret file {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LookupError(f"secret file {path}: not a regular file")
+        data = os.read(fd, SECRET_FILE_MAX + 1)
+    except OSError as exc:
+        raise LookupError(f"secret file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > SECRET_FILE_MAX:
+        raise LookupError(f"secret file {path}: longer than {SECRET_FILE_MAX} bytes: not a secret")
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise LookupError(f"secret file {path}: not UTF-8 text") from None
 
 
 class Ssh(Strict):
@@ -87,13 +240,23 @@ class Ssh(Strict):
     connection: Literal["ssh", "local"] = "ssh"  # local: gpunode runs on that machine itself
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: str = "root"
-    key_file: Path | None = None
-    known_hosts: Path | None = None
+    key_file: PathValue | None = None
+    known_hosts: PathValue | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return address_text(value)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        return user_name_text(value)
 
 
 class Tls(Strict):
     verify: bool = True
-    ca_file: Path | None = None
+    ca_file: PathValue | None = None
     fingerprint: Annotated[str, Field(pattern=FINGERPRINT_RE)] | None = None
 
     @model_validator(mode="after")
@@ -119,7 +282,7 @@ class ApiAuth(Strict):
         if self.method != "password" and self.password is not None:
             raise ValueError(f"password is only used with method password, not {self.method}")
         if "@" not in self.user:
-            raise ValueError(f"user {self.user!r} needs a realm, e.g. root@pam")
+            raise ValueError(f"user {shown(self.user, quote=True)} needs a realm, e.g. root@pam")
         return self
 
 
@@ -129,6 +292,11 @@ class ProxmoxApi(Strict):
     auth: ApiAuth
     tls: Tls = Tls()
     timeout_s: Annotated[int, Field(gt=0, le=3600)] = 300
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return url_text(value, "give the user as api.auth.user and the password as api.auth.password")
 
 
 class Network(Strict):
@@ -145,9 +313,9 @@ class Network(Strict):
         try:
             iface = ipaddress.ip_interface(value)
         except ValueError:
-            raise ValueError(f"{value!r} is not 'dhcp' or an address with prefix like 192.0.2.20/24") from None
+            raise ValueError(f"{shown(value, quote=True)} is not 'dhcp' or an address with prefix like 192.0.2.20/24") from None
         if "/" not in value:
-            raise ValueError(f"{value!r} needs a prefix length, e.g. {value}/24")
+            raise ValueError(f"{shown(value, quote=True)} needs a prefix length, e.g. {shown(value)}/24")
         return str(iface)
 
     @field_validator("gateway")
@@ -157,7 +325,7 @@ class Network(Strict):
             try:
                 ipaddress.ip_address(value)
             except ValueError:
-                raise ValueError(f"{value!r} is not an IP address") from None
+                raise ValueError(f"{shown(value, quote=True)} is not an IP address") from None
         return value
 
     @model_validator(mode="after")
@@ -195,7 +363,7 @@ class Container(Strict):
     # installs NVIDIA's user space (.run) and nvidia-container-toolkit in the container instead.
     gpu_handoff: Literal["host-driver", "nvidia-runtime"] = "host-driver"
     ssh: Ssh | None = None
-    ssh_public_keys: Path | None = None
+    ssh_public_keys: PathValue | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -205,6 +373,13 @@ class Container(Strict):
                 raise ValueError("select at least one GPU, or 'all'")
             if len(set(value)) != len(value):
                 raise ValueError("lists a GPU twice")
+            control = {minor: path for path, minor in MINORS.items() if path not in UVM_NODES}
+            for minor in value:
+                if minor in control:
+                    raise ValueError(f"{minor} is the minor of {control[minor]}, not of a GPU "
+                                     f"(GPUs are 0-{GPU_MINOR_MAX})")
+                if minor > GPU_MINOR_MAX:
+                    raise ValueError(f"{minor} is beyond the driver's GPU minors (0-{GPU_MINOR_MAX})")
         return value
 
     @property
@@ -219,7 +394,12 @@ class Container(Strict):
 class Installer(Strict):
     url: Annotated[str, Field(pattern=r"^https://\S+\.run$")] | None = None
     sha256: Annotated[str, Field(pattern=SHA256_RE)] | None = None
-    local_file: Path | None = None
+    local_file: PathValue | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return value if value is None else url_text(value, "a download URL takes none (or give local_file)")
 
     @model_validator(mode="after")
     def _source(self) -> Installer:
@@ -307,7 +487,7 @@ class Image(Strict):
     # none: leave them to FlashInfer's JIT at the first request; a list: those of the profile's only.
     flashinfer_aot: Literal["profile", "none"] | list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")]] = "profile"
     build_on: Literal["node", "local"] = "node"
-    ca_bundle: Path | None = None
+    ca_bundle: PathValue | None = None
     pins: ImagePins = ImagePins()
     # Lab only: the serve and smoke stages run the fake SGLang server's image (gpunode.lab.image),
     # shipped to the node by the image stage, because the lab has no GPU to run the real one on.
@@ -317,7 +497,7 @@ class Image(Strict):
     @classmethod
     def _known_stack(cls, value: str) -> str:
         if value not in stacks.available():
-            raise ValueError(f"unknown stack {value!r} (known: {', '.join(stacks.available())})")
+            raise ValueError(f"unknown stack {shown(value, quote=True)} (known: {', '.join(stacks.available())})")
         return value
 
     @model_validator(mode="after")
@@ -344,38 +524,31 @@ class Image(Strict):
     @field_validator("base")
     @classmethod
     def _known_base(cls, value: str | None) -> str | None:
-        from gpunode.image import bases
-
-        if value is None:
-            return value
-        try:
-            bases.parse(value)
-        except bases.BaseRefError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return value if value is None else base_text(value)
 
 
 class Model(Strict):
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")]
-    path: Path
+    path: PathValue
     served_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
 
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         if not value.is_absolute():
-            raise ValueError(f"{value} must be an absolute path on the node")
+            raise ValueError(f"{shown(str(value))} must be an absolute path on the node")
         return value
 
 
-FlagOverride = str | int | float | bool | None
+# A float flag is finite: inf or nan would reach sglang as text, and plan --json as non-JSON.
+FlagOverride = str | int | Annotated[float, Field(allow_inf_nan=False)] | bool | None
 
 
 def ip_address_text(value: str) -> str:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not an IP address") from None
+        raise ValueError(f"{shown(value, quote=True)} is not an IP address") from None
     return value
 
 
@@ -398,7 +571,7 @@ class Server(Strict):
     @classmethod
     def _known(cls, value: str | None) -> str | None:
         if value is not None and value not in profiles.available():
-            raise ValueError(f"unknown profile {value!r} (known: {', '.join(profiles.available())})")
+            raise ValueError(f"unknown profile {shown(value, quote=True)} (known: {', '.join(profiles.available())})")
         return value
 
     @field_validator("bind")
@@ -409,19 +582,32 @@ class Server(Strict):
     @field_validator("flags")
     @classmethod
     def _flag_names(cls, value: dict[str, FlagOverride]) -> dict[str, FlagOverride]:
-        for flag in value:
+        for flag, given in value.items():
             if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
-                raise ValueError(f"{flag!r} is not a long flag like --max-running-requests")
-            if flag in ("--api-key", "--host", "--port"):
-                raise ValueError(f"{flag} is set by server.{flag[2:].replace('-', '_').replace('host', 'bind')}, not server.flags")
+                raise ValueError(f"{shown(flag, quote=True)} is not a long flag like --max-running-requests")
+            # Abbreviations and other names of these need sglang's parser: _flag_problems.
+            if (refusal := flag_refusal((flag,))) is not None:
+                raise ValueError(f"{flag} {refusal}")
+            if isinstance(given, str) and _USER_INFO.search(given):
+                raise ValueError(f"{flag}: its value is a URL with user information (user@ or user:password@): "
+                                 "credentials are never inline")
         return value
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        for name, given in value.items():
             if not re.fullmatch(ENV_NAME_RE, name):
-                raise ValueError(f"{name!r} is not an environment variable name")
+                raise ValueError(f"{shown(name, quote=True)} is not an environment variable name")
+            if name in OWNED_ENV:
+                raise ValueError(f"{name} would change the GPUs the server sees: select them with {OWNED_ENV[name]}")
+            if _SECRET_ENV.search(name.upper()):
+                raise ValueError(f"{name} names a secret, never inline (plan prints server.env, docker inspect shows "
+                                 f"it): server.env takes no secret reference; the server's key is server.api_key "
+                                 f"({SECRET_REF}), and the weights are local (model.path)")
+            if isinstance(given, str) and _USER_INFO.search(given):
+                raise ValueError(f"{name}: its value is a URL with user information (user@ or user:password@): "
+                                 "credentials are never inline")
         return value
 
     @model_validator(mode="after")
@@ -433,9 +619,9 @@ class Server(Strict):
 class P2pExpect(Strict):
     """Minimum unidirectional P2P bandwidth per pair class, decimal GB/s."""
 
-    same_numa_gbps: Annotated[float, Field(gt=0)] = 45.0
-    cross_numa_gbps: Annotated[float, Field(gt=0)] = 35.0
-    nvlink_gbps: Annotated[float, Field(gt=0)] = 100.0
+    same_numa_gbps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 45.0
+    cross_numa_gbps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 35.0
+    nvlink_gbps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 100.0
     required: bool = True
 
 
@@ -443,8 +629,8 @@ class Host(Strict):
     name: Annotated[str, Field(pattern=HOSTNAME_RE)]
     lab: bool = False
     ssh: Ssh
-    dev_root: Path = Path("/dev")  # where the host's NVIDIA nodes are found
-    facts_root: Path = Path("/")  # prefix for /proc, /sys, /etc reads (the lab replays recorded readings)
+    dev_root: PathValue = Path("/dev")  # where the host's NVIDIA nodes are found
+    facts_root: PathValue = Path("/")  # prefix for /proc, /sys, /etc reads (the lab replays recorded readings)
     api: ProxmoxApi
     driver: Driver
     prepare: Prepare = Prepare()
@@ -509,15 +695,6 @@ class Host(Strict):
                                  f"modules ({', '.join(known) or 'none'})")
         return self
 
-    @model_validator(mode="after")
-    def _gpus_match_tp(self) -> Host:
-        profile = profiles.load(self.profile_name)
-        tp = self.server.flags.get("--tp-size", profile.flag_value("--tp-size"))
-        gpus = self.container.gpus
-        if isinstance(gpus, list) and isinstance(tp, int) and tp > len(gpus):
-            raise ValueError(f"server --tp-size {tp} needs {tp} GPUs but container.gpus selects {len(gpus)}")
-        return self
-
     @property
     def served_name(self) -> str:
         return self.model.served_name or profiles.load(self.profile_name).served_name
@@ -531,17 +708,14 @@ class RouterImage(Strict):
     # router: the router machine's engine builds it (it needs PyPI); local: this machine's engine
     # builds it and ships it there.
     build_on: Literal["router", "local"] = "router"
-    ca_bundle: Path | None = None
+    ca_bundle: PathValue | None = None
 
     @field_validator("base")
     @classmethod
     def _known_base(cls, value: str) -> str:
         from gpunode.image import bases
 
-        try:
-            bases.parse(value)
-        except bases.BaseRefError as exc:
-            raise ValueError(str(exc)) from None
+        base_text(value)
         python = bases.base_of(value).python
         if python != "3.11":
             raise ValueError(f"{value} has Python {python}; the router's lock is for 3.11 (debootstrap or "
@@ -588,6 +762,14 @@ class HostFile(Strict):
     version: Literal[1]
     hosts: Annotated[list[Host], Field(min_length=1)]
     router: Router | None = None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_the_integer(cls, value: Any) -> Any:
+        # Literal[1] takes true and 1.0 as 1, even in strict mode.
+        if type(value) is not int:
+            raise ValueError("must be 1")
+        return value
 
     @property
     def router_host(self) -> Host | None:
@@ -637,11 +819,20 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         if host.served_name != served:
             problems.append(at(("hosts", index, "model", "served_name"), f"{host.served_name!r}: the router serves one "
                                f"model, and hosts[0] serves {served!r}"))
-    on_host = hf.router_host
+    # The machine it runs on: a host's GPU node, named or at the same address, or one of its own.
+    runs_on = router.runs_on
+    on_host = hf.router_host or next((host for host in hf.hosts if isinstance(runs_on, Ssh)
+                                      and host.container.reach.address == runs_on.address), None)
     if on_host is not None:
         for key in ("port", "metrics_port"):
             if getattr(router, key) == on_host.server.port:
                 problems.append(at(("router", key), f"{on_host.server.port} is taken on {on_host.name}'s node by its server"))
+    ssh = runs_on if isinstance(runs_on, Ssh) else on_host.container.reach if on_host is not None else None
+    if ssh is not None and ssh.connection == "ssh":
+        machine = f"{on_host.name}'s node" if on_host is not None else "the router's machine"
+        for key in ("port", "metrics_port"):
+            if getattr(router, key) == ssh.port:
+                problems.append(at(("router", key), f"{ssh.port} is taken on {machine} by its SSH server"))
     return problems
 
 
@@ -660,6 +851,268 @@ def _repeats(hf: HostFile, src: YamlSource) -> list[str]:
     return problems
 
 
+def _at(src: YamlSource, path: tuple[str | int, ...], text: str) -> str:
+    line = src.line_of(path)
+    return f"{format_path(path)}: {text}" + (f" (line {line})" if line else "")
+
+
+def _api_of(url: str) -> tuple[str, int]:
+    """One Proxmox API however its URL is written (case, default port, a trailing slash)."""
+    parts = urlsplit(url)
+    return (parts.hostname or "").lower(), parts.port or 443
+
+
+def _collisions(hf: HostFile, src: YamlSource) -> list[str]:
+    """What gpunode would make twice: a vmid in one Proxmox cluster (one API), a container hostname
+    on one node, a container address, a port on one node (its server and its SSH server)."""
+    problems: list[str] = []
+    vmids: dict[tuple[tuple[str, int], int], int] = {}
+    hostnames: dict[tuple[tuple[str, int], str, str], int] = {}
+    addresses: dict[str, int] = {}
+    for index, host in enumerate(hf.hosts):
+        api, ct = _api_of(host.api.url), host.container
+        first = vmids.setdefault((api, ct.vmid), index)
+        if first != index:
+            problems.append(_at(src, ("hosts", index, "container", "vmid"), f"vmid {ct.vmid} repeats hosts[{first}]'s "
+                                f"on the same Proxmox API {host.api.url} (one vmid per cluster): give another"))
+        first = hostnames.setdefault((api, host.api.node, ct.hostname), index)
+        if first != index:
+            problems.append(_at(src, ("hosts", index, "container", "hostname"),
+                                f"{shown(ct.hostname, quote=True)} repeats hosts[{first}]'s container on node "
+                                f"{host.api.node} of {host.api.url}: give another"))
+        if ct.network.address is not None:
+            first = addresses.setdefault(ct.network.address, index)
+            # The same node address is _repeats' already.
+            if first != index and hf.hosts[first].container.reach.address != ct.reach.address:
+                problems.append(_at(src, ("hosts", index, "container", "network", "ip"),
+                                    f"{ct.network.address} repeats hosts[{first}]'s container address: give another"))
+        if ct.reach.connection == "ssh" and host.server.port == ct.reach.port:
+            problems.append(_at(src, ("hosts", index, "server", "port"), f"{host.server.port} is taken on "
+                                f"{host.name}'s node by its SSH server (container.ssh.port)"))
+    return problems
+
+
+# ----------------------------------------------------------------------------- sglang's own flags
+
+STANDIN = PACKAGE / "lab" / "standin"  # sglang_<version>_args.json: each release's parser, dumped from it
+
+
+@dataclass(frozen=True)
+class SglangArg:
+    """One argument of sglang's launch_server parser, as dumped from it."""
+
+    flags: tuple[str, ...]
+    takes_value: bool
+    nargs: str | int | None
+    type: str | None
+    choices: tuple[str, ...] | None
+
+
+@functools.cache
+def sglang_args(version: str) -> dict[str, SglangArg] | None:
+    """Option string -> its argument in sglang ``version``'s parser; None for a release not dumped."""
+    path = STANDIN / f"sglang_{version.replace('.', '_')}_args.json"
+    if not path.is_file():
+        return None
+    table: dict[str, SglangArg] = {}
+    for action in json.loads(path.read_text(encoding="utf-8"))["actions"]:
+        choices = action["choices"]
+        arg = SglangArg(tuple(action["flags"]), bool(action["takes_value"]), action["nargs"], action["type"],
+                        None if choices is None else tuple(str(choice) for choice in choices))
+        table.update(dict.fromkeys(arg.flags, arg))
+    return table
+
+
+# Without a dump of the release: the tensor-parallel size, under the names every release has.
+_TP_ONLY = dict.fromkeys(profiles.TP_FLAGS, SglangArg(profiles.TP_FLAGS, True, None, "int", None))
+
+
+def argparse_matches(flag: str, table: dict[str, SglangArg]) -> list[str]:
+    """The option strings argparse takes ``flag`` for: itself, else each one it begins (argparse
+    takes any unique prefix as an abbreviation, and refuses one that begins several as ambiguous)."""
+    if flag in table:
+        return [flag]
+    return sorted(name for name in table if name.startswith(flag))
+
+
+def whole_number(value: FlagOverride) -> int | None:
+    """``value`` as argparse's int() reads it after ``--flag=`` (a YAML integer or digits), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    if isinstance(value, str) and not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        return None
+    return int(value)
+
+
+def _number(value: FlagOverride) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _as_written(value: FlagOverride) -> str:
+    """A flag's value as the host file holds it: text in quotes, numbers bare."""
+    return shown(value, quote=isinstance(value, str))
+
+
+def _value_problem(flag: str, arg: SglangArg, value: FlagOverride) -> str | None:
+    """Why sglang's parser would refuse ``value`` for ``arg`` (given as ``flag``), or None."""
+    if value is False:
+        return None  # leaves the flag out
+    bare = value is None or value is True
+    if not arg.takes_value:
+        return None if bare else f"{flag} is a switch: give true, or false to leave it out, not {_as_written(value)}"
+    if bare:
+        return None if arg.nargs in ("?", "*") else f"{flag} needs a value"
+    if arg.nargs is not None:
+        return None  # a list: sglang reads the one argument itself
+    if arg.type == "int" and whole_number(value) is None:
+        return f"{flag} takes a whole number, not {_as_written(value)}"
+    if arg.type == "float" and not _number(value):
+        return f"{flag} takes a number, not {_as_written(value)}"
+    if arg.choices is not None and str(value) not in arg.choices:
+        listed = ", ".join(arg.choices[:12]) + (", ..." if len(arg.choices) > 12 else "")
+        return f"{flag} takes one of {listed}, not {_as_written(value)}"
+    return None
+
+
+def _flag_problems(hf: HostFile, src: YamlSource) -> list[str]:
+    problems: list[str] = []
+    for index, host in enumerate(hf.hosts):
+        problems += _host_flag_problems(host, index, src)
+    return problems
+
+
+def _host_flag_problems(host: Host, index: int, src: YamlSource) -> list[str]:
+    """server.flags read by the parser of the stack's own sglang (its dump): each flag is one that
+    sglang takes, by one name (the profile's where the profile sets it), none gpunode sets itself
+    or that carries a secret, each value of its type; then the tensor-parallel size is a whole
+    number >= 1 equal to the GPUs the server is given (data parallel only within them)."""
+    flags_path: tuple[str | int, ...] = ("hosts", index, "server", "flags")
+    profile = profiles.load(host.profile_name)
+    version = host.image.pinned().get("sglang", "")
+    dumped = sglang_args(version)
+    table = dumped if dumped is not None else _TP_ONLY
+    release = f"sglang {version} (stack {host.image.stack})"
+    spelled = {table[item.flag]: item.flag for item in profile.flags if item.flag in table}
+    given: dict[SglangArg, str] = {}
+    problems: list[str] = []
+    for flag, value in host.server.flags.items():
+        path = flags_path + (flag,)
+        matches = argparse_matches(flag, table)
+        if not matches:
+            if dumped is not None:
+                close = difflib.get_close_matches(flag, list(table), n=1)
+                problems.append(_at(src, path, f"{flag} is not a flag of {release}"
+                                    + (f" (did you mean {close[0]}?)" if close else "")))
+            continue
+        if len(matches) > 1:
+            listed = ", ".join(matches[:6]) + (", ..." if len(matches) > 6 else "")
+            problems.append(_at(src, path, f"{flag} is ambiguous in {release}: it begins {listed}: "
+                                "write the flag in full"))
+            continue
+        name, arg = matches[0], table[matches[0]]
+        named = flag if name == flag else f"{flag} abbreviates {name}, which"
+        if (refusal := flag_refusal(arg.flags)) is not None:
+            problems.append(_at(src, path, f"{named} {refusal}"))
+        elif arg in given:
+            problems.append(_at(src, path, f"{flag} is {given[arg]} again, by another name: give it once"))
+        elif arg in spelled and spelled[arg] != flag:
+            problems.append(_at(src, path, f"{flag} is {spelled[arg]} by another name, which profile {profile.name} "
+                                f"sets: write {spelled[arg]}, so that this value replaces the profile's instead of "
+                                "both reaching sglang"))
+        elif profiles.TP_FLAGS[0] in arg.flags and flag not in profiles.TP_FLAGS:
+            # derive reads the size by these names (profiles.TP_FLAGS) for the checks and the bench.
+            problems.append(_at(src, path, f"{flag} abbreviates {name}: write {' or '.join(profiles.TP_FLAGS)} in "
+                                "full"))
+        elif (why := _value_problem(flag, arg, value)) is not None:
+            problems.append(_at(src, path, why))
+        given.setdefault(arg, flag)
+    return problems or _parallel_problems(host, index, src, table, profile)
+
+
+def _parallel_problems(host: Host, index: int, src: YamlSource, table: dict[str, SglangArg],
+                       profile: profiles.Profile) -> list[str]:
+    """The tensor-parallel size the launch gives (the host file's, else the profile's, else sglang's
+    1) is a whole number >= 1 and the number of GPUs selected: the server is given all of them."""
+    launched: dict[SglangArg, tuple[FlagOverride, str]] = {}  # false included: the flag left out
+    for flag, value in profiles.merged_flags(profile, host.server.flags).items():
+        matches = argparse_matches(flag, table)
+        if len(matches) == 1:
+            launched[table[matches[0]]] = (value, flag)
+
+    def where(flag: str | None, otherwise: tuple[str | int, ...]) -> tuple[str | int, ...]:
+        return ("hosts", index, "server", "flags", flag) if flag in host.server.flags else otherwise
+
+    gpus_path: tuple[str | int, ...] = ("hosts", index, "container", "gpus")
+    tp_value, tp_flag = launched.get(table[profiles.TP_FLAGS[0]], (1, None))
+    tp = 1 if tp_value is False else whole_number(tp_value)
+    if tp is None or tp < 1:
+        return [_at(src, where(tp_flag, gpus_path), f"{tp_flag} {_as_written(tp_value)}: the tensor-parallel size is "
+                    "a whole number >= 1, the GPUs the server shards the model over")]
+    named = (f"server {tp_flag} {tp}" if tp_value is not False and tp_flag else
+             f"server {tp_flag}: false (sglang's default tensor-parallel size, 1)" if tp_flag else
+             "sglang's default tensor-parallel size 1")
+    if tp_flag and tp_flag not in host.server.flags:
+        named += f" (profile {profile.name})"
+    gpus = host.container.gpus
+    if isinstance(gpus, list) and tp != len(gpus):
+        return [_at(src, where(tp_flag, gpus_path), f"{named} needs {tp} GPUs but container.gpus selects {len(gpus)}: "
+                    "make them equal (the server is given every GPU selected)")]
+    dp_arg = table.get("--dp-size")
+    if dp_arg is None or dp_arg not in launched:
+        return []
+    dp_value, dp_flag = launched[dp_arg]
+    if dp_value is False:
+        return []
+    dp_path = where(dp_flag, ("hosts", index, "server", "profile"))
+    dp = whole_number(dp_value)
+    if dp is None or dp < 1:
+        return [_at(src, dp_path, f"{dp_flag} {_as_written(dp_value)}: the data-parallel size is a whole number >= 1")]
+    dp_attention = any("--enable-dp-attention" in arg.flags and value is not False
+                       for arg, (value, _) in launched.items())
+    if dp > 1 and not dp_attention:
+        return [_at(src, dp_path, f"{dp_flag} {dp} runs {dp} copies of the model, {dp} x {tp} GPUs, but gpunode gives "
+                    "one server one tensor-parallel group: leave it 1, or add --enable-dp-attention (its DP ranks "
+                    "share the TP GPUs)")]
+    if dp > 1 and tp % dp:
+        return [_at(src, dp_path, f"{dp_flag} {dp} must divide the tensor-parallel size {tp} with "
+                    "--enable-dp-attention")]
+    return []
+
+
+def _plan_problems(hf: HostFile, src: YamlSource) -> list[str]:
+    """What ``gpunode plan`` computes beyond the models, so that a valid file always has a plan:
+    the CA bundles the image tags read on this machine, then the plan itself."""
+    problems: list[str] = []
+    bundles = [(("hosts", index, "image", "ca_bundle"), host.image.ca_bundle) for index, host in enumerate(hf.hosts)]
+    if hf.router is not None:
+        bundles.append((("router", "image", "ca_bundle"), hf.router.image.ca_bundle))
+    for path, bundle in bundles:
+        if bundle is not None and not (os.path.isfile(bundle) and os.access(bundle, os.R_OK)):
+            problems.append(_at(src, path, f"{shown(str(bundle), quote=True)} is not a readable file on this machine "
+                                "(the image's build context takes it from here)"))
+    if problems:
+        return problems
+    from gpunode import plan
+    from gpunode.image.context import ImageInputError
+
+    for index, host in enumerate(hf.hosts):
+        try:
+            plan.plan_host(host)
+        except (ImageInputError, ValueError, LookupError) as exc:
+            problems.append(_at(src, ("hosts", index), f"plan cannot be made: {shown(str(exc), limit=240)}"))
+    try:
+        plan.router_plan(hf)
+    except (ImageInputError, ValueError, LookupError) as exc:
+        problems.append(_at(src, ("router",), f"plan cannot be made: {shown(str(exc), limit=240)}"))
+    return problems
+
+
 class HostFileError(Exception):
     """One or more problems with a host file; ``problems`` holds one line each."""
 
@@ -668,9 +1121,67 @@ class HostFileError(Exception):
         self.problems = problems
 
 
+# What a type error asks for, to say several at once where a key takes a union of types.
+_WANTED = {"string_type": "a string", "int_type": "a whole number", "float_type": "a number",
+           "bool_type": "true or false", "list_type": "a list", "dict_type": "a mapping (key: value)",
+           "model_type": "a mapping (key: value)", "model_attributes_type": "a mapping (key: value)",
+           "none_required": "null", "path_type": "a path"}
+_YES_NO = {"yes", "no", "y", "n", "on", "off"}
+
+
+def _found(given: Any) -> str:
+    """What YAML made of a value, in the file's terms."""
+    if given is None:
+        return "null"
+    if isinstance(given, bool):
+        return "true/false"
+    if isinstance(given, int):
+        return "a whole number"
+    if isinstance(given, float):
+        return "a number"
+    if isinstance(given, dict):
+        return "a mapping"
+    if isinstance(given, list):
+        return "a list"
+    return "text"
+
+
+def _why_not(kind: str, given: Any) -> str:
+    """A hint after a type error: what YAML 1.2 read, where a YAML 1.1 reading or a quote misleads."""
+    if isinstance(given, (dict, list)):
+        return f" (found {_found(given)})"
+    if kind in ("int_type", "float_type") and isinstance(given, str):
+        text = given.strip()
+        if re.fullmatch(r"[-+]?0[0-9]+", text):
+            return (f" ({shown(given, quote=True)} is text: a leading 0 is octal in YAML 1.1 and decimal in 1.2; "
+                    "write it without the 0, or 0o... for octal)")
+        if re.fullmatch(r"[-+]?[0-9]+(:[0-5]?[0-9])+(\.[0-9]*)?", text):
+            return f" ({shown(given, quote=True)} is text: YAML 1.2 has no base-60 numbers)"
+        if "_" in text and re.fullmatch(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?", text):
+            return f" ({shown(given, quote=True)} is text: YAML 1.2 has no _ in numbers)"
+        if re.fullmatch(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", text):
+            return f" ({shown(given, quote=True)} is quoted: write the number without quotes)"
+    if kind in ("int_type", "float_type") and isinstance(given, bool):
+        return f" (found {_found(given)})"
+    if kind == "int_type" and isinstance(given, float):
+        return f" (found {shown(given)}: write it without a fraction)" if given.is_integer() else f" (found {shown(given)})"
+    if kind == "bool_type":
+        if isinstance(given, str) and given.lower() in _YES_NO:
+            return f" ({shown(given, quote=True)} is text in YAML 1.2: write true or false)"
+        if isinstance(given, str) and given.lower() in ("true", "false"):
+            return f" ({shown(given, quote=True)} is quoted: write {given.lower()} without quotes)"
+        if isinstance(given, (int, float)):
+            return f" (found {_found(given)} {shown(given)})"
+    if kind == "string_type" and not isinstance(given, str):
+        return f" (YAML reads {shown(given)} as {_found(given)}: quote it)"
+    return ""
+
+
 def _message(error: dict[str, Any]) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
+    if kind in _WANTED:
+        return f"must be {_WANTED[kind]}" + _why_not(kind, error.get("input"))
     if kind == "missing":
         return "required key is missing"
     if kind == "greater_than":
@@ -681,22 +1192,18 @@ def _message(error: dict[str, Any]) -> str:
         return f"must be <= {ctx['le']}"
     if kind == "less_than":
         return f"must be < {ctx['lt']}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
+    if kind in ("int_parsing", "int_from_float"):
         return "must be a whole number"
-    if kind in ("float_type", "float_parsing"):
+    if kind == "float_parsing":
         return "must be a number"
-    if kind in ("bool_type", "bool_parsing"):
+    if kind == "bool_parsing":
         return "must be true or false"
-    if kind in ("string_type",):
-        return "must be a string"
+    if kind == "finite_number":
+        return "must be a finite number (not .inf or .nan)"
     if kind == "string_pattern_mismatch":
         return f"has the wrong form (expected to match {ctx['pattern']})"
     if kind == "literal_error":
         return f"must be {ctx['expected']}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "must be a mapping (key: value)"
-    if kind == "list_type":
-        return "must be a list"
     if kind == "too_short":
         return f"needs at least {ctx.get('min_length')} item(s)"
     if kind == "value_error":
@@ -707,7 +1214,10 @@ def _message(error: dict[str, Any]) -> str:
 def _suggest(key: str, model: type[BaseModel] | None) -> str:
     if model is None:
         return ""
-    close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(key, names, n=1)
+    # A word the key ends in (on -> runs_on): too short for difflib to call it close.
+    close = close or [name for name in names if key and name.endswith("_" + key)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -735,15 +1245,65 @@ def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) else None
 
 
+def _file_loc(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[str | int, ...]:
+    """``loc`` as a path in the file: pydantic names union branches in it ('str', 'list[int]',
+    'Ssh', "literal['all']"); a part that is not a key or index of the data there is one, except
+    the last of a missing key."""
+    path: list[str | int] = []
+    node = data
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and type(part) is int and 0 <= part < len(node):
+            node = node[part]
+        elif not (missing and index == len(loc) - 1):
+            continue
+        path.append(part)
+    return tuple(path)
+
+
+def _one_per_key(errors: list[dict[str, Any]], data: Any) -> list[tuple[tuple[str | int, ...], dict[str, Any], str]]:
+    """(path, error, message) per error; the type errors of a union's branches at one key become
+    one message (``must be a string, a number or true or false``)."""
+    out: list[tuple[tuple[str | int, ...], dict[str, Any], str]] = []
+    wanted: dict[tuple[str | int, ...], list[dict[str, Any]]] = {}
+    located = [(_file_loc(tuple(error["loc"]), data, error["type"] == "missing"), error) for error in errors]
+    # A branch that took the value's type and found more wrong says more than the branches that
+    # did not take it (runs_on: {port: x} is an Ssh with a bad port, not a string that is wrong).
+    said = {loc for loc, error in located if error["type"] not in _WANTED}
+    deeper = {loc[:cut] for loc, _ in located for cut in range(len(loc))}
+    for loc, error in located:
+        if error["type"] in _WANTED and (loc in said or loc in deeper):
+            continue
+        if error["type"] in _WANTED:
+            if loc not in wanted:
+                out.append((loc, error, ""))  # its message is made below, once its branches are all known
+            wanted.setdefault(loc, []).append(error)
+        else:
+            out.append((loc, error, _message(error)))
+    for position, (loc, error, text) in enumerate(out):
+        if text:
+            continue
+        branches = wanted[loc]
+        if len(branches) == 1:
+            out[position] = (loc, error, _message(error))
+            continue
+        nouns = list(dict.fromkeys(_WANTED[branch["type"]] for branch in branches))
+        if "a number" in nouns and "a whole number" in nouns:
+            nouns.remove("a whole number")
+        if len(nouns) == 1:
+            out[position] = (loc, error, _message(error))
+            continue
+        nouns = ["true/false" if noun == "true or false" else noun for noun in nouns]
+        out[position] = (loc, error, f"must be {', '.join(nouns[:-1])} or {nouns[-1]} (found {_found(error.get('input'))})")
+    return out
+
+
 def problems_from(exc: ValidationError, src: YamlSource) -> list[str]:
     """Turn pydantic's errors into ``path: message (line N)`` lines, in file order."""
     lines: list[tuple[int, str]] = []
     seen: set[str] = set()
-    for error in exc.errors():
-        loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
-        # pydantic names union branches in loc (e.g. 'list[...]', 'literal[...]'); drop them.
-        loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("literal") or p.startswith("function"))))
-        text = _message(error)
+    for loc, error, text in _one_per_key(exc.errors(), src.data):
         if error["type"] == "extra_forbidden":
             text = "unknown key" + _suggest(str(loc[-1]), _model_at(loc[:-1]))
         line = src.line_of(loc)
@@ -763,7 +1323,9 @@ def parse(src: YamlSource) -> HostFile:
         hf = HostFile.model_validate(src.data)
     except ValidationError as exc:
         raise HostFileError(problems_from(exc, src)) from None
-    problems = _repeats(hf, src) + _router_problems(hf, src)
+    problems = _repeats(hf, src) + _router_problems(hf, src) + _collisions(hf, src) + _flag_problems(hf, src)
+    # The plan is computed only from a file that passed every other rule.
+    problems = problems or _plan_problems(hf, src)
     if problems:
         raise HostFileError(problems)
     return hf
@@ -778,4 +1340,6 @@ def load(path: Path) -> HostFile:
     try:
         return parse(src)
     except HostFileError as exc:
-        raise HostFileError([f"{path}: {problem}" for problem in exc.problems]) from None
+        # One line each whatever a rule wrote into it: HostFileError's text joins them with newlines.
+        name = shown(str(path), limit=240)
+        raise HostFileError([one_line(f"{name}: {problem}") for problem in exc.problems]) from None

@@ -10,6 +10,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -68,8 +69,9 @@ def available() -> list[str]:
     return sorted(entry.name[:-4] for entry in folder.iterdir() if entry.name.endswith(".yml"))
 
 
+@cache
 def load(name: str) -> Profile:
-    """Load a shipped profile by name."""
+    """Load a shipped profile by name (once: a Profile is frozen, and validate and plan ask often)."""
     if name not in available():
         raise ProfileError(f"unknown profile {name!r} (known: {', '.join(available())})")
     text = (resources.files("gpunode") / "profiles" / f"{name}.yml").read_text(encoding="utf-8")

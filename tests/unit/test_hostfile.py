@@ -103,7 +103,10 @@ CASES: list[tuple[str, str, str]] = [
     ("gpus-empty", mutate("gpus: [0, 1, 2, 3, 4, 5, 6, 7]", "gpus: []"),
      "hosts[0].container.gpus: select at least one GPU, or 'all' (line 25)"),
     ("gpus-fewer-than-tp", mutate("gpus: [0, 1, 2, 3, 4, 5, 6, 7]", "gpus: [0, 1, 2, 3]"),
-     "hosts[0]: server --tp-size 8 needs 8 GPUs but container.gpus selects 4 (line 3)"),
+     # At container.gpus now (the TP size is the profile's), and equal, not only enough: the
+     # server is given every GPU selected (tests/unit/test_hostfile_rules.py has the rest).
+     "hosts[0].container.gpus: server --tp-size 8 (profile glm5-nvfp4-sm120) needs 8 GPUs but container.gpus "
+     "selects 4: make them equal (the server is given every GPU selected) (line 25)"),
     ("gpus-word", mutate("gpus: [0, 1, 2, 3, 4, 5, 6, 7]", "gpus: some"),
      "hosts[0].container.gpus: must be 'all' (line 25)"),
     ("model-relative", mutate("path: /models/glm5", "path: models/glm5"),

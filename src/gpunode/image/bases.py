@@ -15,6 +15,7 @@ from functools import cache
 import yaml
 
 from gpunode.paths import IMAGES
+from gpunode.text import shown
 
 DEBOOTSTRAP = "debootstrap"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -94,12 +95,13 @@ def parse(text: str) -> BaseRef:
     """Take a host file's ``image.base`` apart; an unknown name or bad digest is a BaseRefError."""
     rest, _, digest = text.partition("@")
     if digest and not _DIGEST.match(digest):
-        raise BaseRefError(f"{text!r}: a digest is sha256:<64 lowercase hex>")
+        raise BaseRefError(f"{shown(text, quote=True)}: a digest is sha256:<64 lowercase hex>")
     registry = None
     if (mirror := _REGISTRY.match(rest)) and rest[mirror.end():] in bases():
         registry, rest = mirror[1], rest[mirror.end():]
     if rest not in bases():
-        raise BaseRefError(f"unknown base {rest!r} (known: {', '.join(bases())}; a registry mirror may prefix one)")
+        raise BaseRefError(f"unknown base {shown(rest, quote=True)} (known: {', '.join(bases())}; a registry mirror "
+                           "may prefix one)")
     if rest == DEBOOTSTRAP and (registry or digest):
         raise BaseRefError("debootstrap is made on this machine: it takes no registry and no digest")
     return BaseRef(text=text, registry=registry, name=rest, digest=digest or None)
