@@ -26,6 +26,7 @@ from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
 from gpunode.derive import ROUTER_NODE, node_name
 from gpunode.hostfile import HostFile
 from gpunode.paths import state_dir
+from gpunode.redact import redact
 
 NOT_IN_LAYER = "not-in-layer"
 
@@ -191,7 +192,18 @@ def _report_from(data: dict[str, Any]) -> CheckReport:
 
 def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
     """Every chosen layer's checks: one host's in this process; several hosts' side by side, a
-    pytest per host (with its GPU node) and one for the router, merged in the host file's order."""
+    pytest per host (with its GPU node) and one for the router, merged in the host file's order.
+    No message holds a secret: the run's own values and secret-looking ones are hidden (a server's
+    log line may carry its key)."""
+    report = _run_checks(hostfile, secrets, layers)
+    known = inventory.secret_values(secrets)
+    for result in report.results:
+        result.message = redact(result.message, known)
+    report.error = redact(report.error, known)
+    return report
+
+
+def _run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None) -> CheckReport:
     folder = state_dir() / "check"
     folder.mkdir(parents=True, exist_ok=True)
     inv = folder / "inventory.json"

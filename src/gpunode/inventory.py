@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.derive import ROUTER_NODE, derive, derive_router, node_name, router_reach
-from gpunode.hostfile import Host, HostFile, SecretRef, Ssh
+from gpunode.hostfile import Host, HostFile, SecretRef, Ssh, read_secret_file
 
 
 # Secret files by (host name, field): paths only; the values stay in the files.
@@ -131,3 +131,15 @@ def secret_where(hostfile: HostFile, owner: str, field: str) -> str:
 def secret_env_names(hostfile: HostFile) -> set[str]:
     """Environment variables the host file names as secrets (kept out of Ansible's environment)."""
     return {ref.env for ref in secret_refs(hostfile).values() if ref.env}
+
+
+def secret_values(secrets: SecretFiles | None) -> tuple[str, ...]:
+    """The values of the run's secret files (env secrets in memory, file secrets where they are),
+    for the redaction of everything the run shows or keeps."""
+    values = []
+    for path in (secrets or {}).values():
+        try:
+            values.append(read_secret_file(path))
+        except LookupError:
+            continue  # the stage that needs it says so; nothing to hide that could not be read
+    return tuple(value for value in values if value)

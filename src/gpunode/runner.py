@@ -26,6 +26,7 @@ from rich.text import Text
 from gpunode import exitcodes, inventory
 from gpunode.hostfile import HostFile
 from gpunode.paths import ANSIBLE_CFG, COLLECTIONS_PATH, PLAYBOOKS, state_dir
+from gpunode.redact import HIDDEN, redact
 
 # Exit codes: gpunode.exitcodes (README "Exit codes").
 EXIT_OK = exitcodes.OK
@@ -68,12 +69,16 @@ class RunSummary:
         return sorted({host for counts in self.stats.values() for host in counts})
 
 
-def _message(res: dict[str, Any]) -> str:
-    """The useful part of a failed task's result, on one line."""
+def _message(res: dict[str, Any], known: tuple[str, ...] = ()) -> str:
+    """The useful part of a failed task's result, on one line, secrets hidden."""
+    return redact(_task_message(res), known)
+
+
+def _task_message(res: dict[str, Any]) -> str:
     failed_items = [item for item in res.get("results") or [] if isinstance(item, dict) and item.get("failed")]
     if failed_items:
         # A loop: "One or more items failed" says nothing; the items' own messages do.
-        return " | ".join(_message(item) for item in failed_items)
+        return " | ".join(_task_message(item) for item in failed_items)
     parts = [" ".join(str(res.get("msg", "")).split())]
     for key in ("stderr", "module_stderr", "stdout"):
         text = str(res.get(key) or "").strip()
@@ -86,10 +91,11 @@ def _message(res: dict[str, Any]) -> str:
 class Progress:
     """Turns ansible-runner events into progress lines, live counts and a list of failures."""
 
-    def __init__(self, console: Console, log: TextIO, show_diff: bool = False) -> None:
+    def __init__(self, console: Console, log: TextIO, show_diff: bool = False, known: tuple[str, ...] = ()) -> None:
         self.console = console
         self.log = log
         self.show_diff = show_diff
+        self.known = known  # the run's secret values: never shown, logged or kept in a failure
         self.counts = {"ok": 0, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 0}
         self.failures: list[Failure] = []
         self.play = ""
@@ -97,6 +103,7 @@ class Progress:
         self.status: Any = None
 
     def _emit(self, text: str, style: str | None = None) -> None:
+        text = redact(text, self.known)
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         self.log.write(f"{stamp} {Text.from_markup(text).plain}\n")
         self.log.flush()
@@ -150,17 +157,17 @@ class Progress:
         elif kind == "runner_on_failed" and data.get("res", {}).get("gpunode_unreachable"):
             # An API module (run on localhost) that could not reach its host: unreachable, not failed.
             self.counts["unreachable"] += 1
-            message = _message(data.get("res", {}))
+            message = _message(data.get("res", {}), self.known)
             self.failures.append(Failure(data.get("host", ""), data.get("task", ""), f"unreachable: {message}"))
             self._emit(f"  [red]UNREACHABLE[/red] {host}  {task}: {escape(message)}")
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.counts["failed"] += 1
-            message = _message(data.get("res", {}))
+            message = _message(data.get("res", {}), self.known)
             self.failures.append(Failure(data.get("host", ""), data.get("task", ""), message))
             self._emit(f"  [red]FAILED [/red] {host}  {task}: {escape(message)}")
         elif kind == "runner_on_unreachable":
             self.counts["unreachable"] += 1
-            message = _message(data.get("res", {}))
+            message = _message(data.get("res", {}), self.known)
             self.failures.append(Failure(data.get("host", ""), data.get("task") or "connect", f"unreachable: {message}"))
             self._emit(f"  [red]UNREACHABLE[/red] {host}: {escape(message)}")
         self._live()
@@ -215,6 +222,21 @@ def without_env(names: set[str]) -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+def scrub_artifacts(folder: Path, known: tuple[str, ...]) -> None:
+    """Replace any of the run's secret values that reached ansible-runner's artifacts (a module's
+    output that echoed one, say) in place: the artifacts outlive the run."""
+    if not known or not folder.is_dir():
+        return
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            cleaned = data
+            for value in sorted(known, key=len, reverse=True):
+                cleaned = cleaned.replace(value.encode(), HIDDEN.encode())
+            if cleaned != data:
+                path.write_bytes(cleaned)
 
 
 def _exit_code(status: str, progress: Progress) -> int:
@@ -300,8 +322,9 @@ def _run(
     def on_sigint(signum: int, frame: Any) -> None:
         canceled["flag"] = True
 
+    known = inventory.secret_values(secrets)
     with log_path.open("w", encoding="utf-8") as log:
-        progress = Progress(console, log, show_diff=diff)
+        progress = Progress(console, log, show_diff=diff, known=known)
         progress._emit(f"provision: stages {', '.join(stages)}" + (" (check mode)" if check else "")
                        + (f", limit {limit}" if limit else ""))
         previous = signal.signal(signal.SIGINT, on_sigint)
@@ -340,7 +363,8 @@ def _run(
         if status_text != "successful" and not progress.failures and status_text != "canceled":
             # Ansible did not get as far as a task: say what it printed instead.
             tail = (private / "artifacts" / ident / "stdout").read_text(errors="replace").strip().splitlines()[-3:]
-            progress.failures.append(Failure("localhost", "ansible-playbook", " | ".join(tail) or status_text))
+            progress.failures.append(Failure("localhost", "ansible-playbook",
+                                             redact(" | ".join(tail) or status_text, known)))
             progress._emit(f"  [red]FAILED [/red] ansible-playbook: {escape(progress.failures[-1].message)}")
         summary = RunSummary(
             ident=ident,
@@ -357,6 +381,7 @@ def _run(
             failed_hosts=failed_hosts(hostfile, {failure.host for failure in progress.failures}),
         )
         log.write(f"ansible output: {summary.artifacts}/stdout\n")
+    scrub_artifacts(private / "artifacts" / ident, known)
     record = json.dumps(asdict(summary), indent=2)
     (private / "artifacts" / ident / "summary.json").write_text(record)
     (state / "last-run.json").write_text(record)

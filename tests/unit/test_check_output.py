@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from gpunode.check import CheckReport, CheckResult, as_json, render
 from gpunode.checks import LAYERS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ports import closed_port, session_closed_port  # noqa: E402 - tests/ put on the path just above
 
 LAB = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml"
 
@@ -55,7 +59,8 @@ def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:
     bad = tmp_path / "host.yml"
     bad.write_text("version: 2\nhosts: []\n")
     result = gpunode("check", str(bad), "--json")
-    assert result.returncode == 2 and result.stdout == ""
+    # --json: one JSON object on stdout on every outcome, errors included
+    assert result.returncode == 2 and json.loads(result.stdout)["exit_code"] == 2
     # one line per problem, each naming the file, the key and the line
     assert result.stderr.splitlines() == [f"error: {bad}: version: must be 1 (line 1)",
                                           f"error: {bad}: hosts: needs at least 1 item(s) (line 2)"]
@@ -66,14 +71,14 @@ def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:
 EXAMPLE = LAB.parents[1] / "example" / "host.yml"
 
 
-def loopback_hosts(tmp_path: Path) -> Path:
-    """The example host file with every address on loopback and every SSH port closed."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    text = EXAMPLE.read_text().replace("192.0.2.10", "127.0.0.1").replace("192.0.2.1\n", "127.0.0.1\n")
+def loopback_hosts(tmp_path: Path, port: int | None = None) -> Path:
+    """The example host file with every address on loopback, and the Proxmox API and every SSH port
+    on ``port``, which the caller holds closed (without one: a port held closed for the rest of the
+    test process)."""
+    if port is None:
+        port = session_closed_port()
+    text = EXAMPLE.read_text().replace("https://192.0.2.10:8006", f"https://127.0.0.1:{port}")  # the API too
+    text = text.replace("192.0.2.10", "127.0.0.1").replace("192.0.2.1\n", "127.0.0.1\n")
     text = text.replace("ip: 192.0.2.20/24", "ip: 127.0.0.5/8")
     text = text.replace("      user: root\n", f"      user: root\n      port: {port}\n", 1)
     text = text.replace("      ssh_public_keys:", f"      ssh: {{address: 127.0.0.1, port: {port}}}\n      ssh_public_keys:", 1)
@@ -84,8 +89,9 @@ def loopback_hosts(tmp_path: Path) -> Path:
 
 
 def run_check(gpunode, tmp_path: Path, *args: str, addopts: str = ""):
-    return gpunode("check", str(loopback_hosts(tmp_path)), *args, timeout=300,
-                   env={"PVE_ROOT_PASSWORD": "not-used", "PYTEST_ADDOPTS": addopts})
+    with closed_port() as port:  # held closed for the whole check: no other process can open it
+        return gpunode("check", str(loopback_hosts(tmp_path, port)), *args, timeout=300,
+                       env={"PVE_ROOT_PASSWORD": "not-used", "PYTEST_ADDOPTS": addopts})
 
 
 def test_no_check_collected_is_not_green(gpunode, tmp_path: Path) -> None:
