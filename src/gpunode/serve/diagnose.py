@@ -6,16 +6,29 @@ tests/unit/test_diagnose_signatures.py holds the exact text of each. Findings ar
 the failure began (the first line that shows it); a symptom that another finding explains is left
 out (no GPU visible after CUDA's initialisation failed). A log with errors that no signature names
 gives one ``unknown`` finding with its last relevant lines; a healthy log gives none. Every line
-shown to a person goes through ``redact``: sglang logs its ``server_args`` at start, API key included.
+shown to a person goes through ``gpunode.redact``: sglang logs its ``server_args`` at start, API key
+included.
+
+Time is linear in the log and memory bounded, whatever the log holds (``logread`` says what is
+read of a file and how lines are cut). One pass keeps only what a finding needs: the first line of
+each signature, the last error lines and the last line. The text is searched a chunk at a time
+(about 1 MiB of whole lines joined), each signature's patterns once per chunk until it is found; no
+pattern can match across a line break, so a chunk's matches are its lines' matches. No pattern
+backtracks more than linearly: ``X.*Y`` is written ``_then(X, Y)``, whose attempts stop at the next
+``X``, so a line with thousands of X costs one pass, not one per X.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from gpunode.nvidia import MOUNT_POINT
+from gpunode.redact import redact as redact  # serve's readiness and its tests take it from here
+from gpunode.serve.logread import LINE_CHARS as CUT_CHARS
+from gpunode.serve.logread import cut_lines, text_chunks
 
 FIX_FLAGS = "correct server.flags in the host file (the message names the flag and the value)"
 
@@ -55,6 +68,13 @@ class Diagnosis:
     def as_dict(self) -> dict[str, object]:
         return {"key": self.key, "title": self.title, "fix": self.fix, "evidence": self.evidence,
                 "exit_code": self.exit_code}
+
+
+def _then(first: str, later: str) -> str:
+    """``first``, then ``later`` further on the same line: what ``first.*?later`` matches, in linear
+    time. An attempt stops at the next ``first``, where the next attempt takes over, so each
+    character is passed once; the two differ only if ``first`` could overlap the start of ``later``."""
+    return f"{first}(?:(?!{first}).)*?{later}"
 
 
 _CUDA_INIT = ("cuda_init_hmm", "cuda_unknown_error", "cuda_driver_mismatch")
@@ -118,21 +138,21 @@ SIGNATURES: tuple[Signature, ...] = (
               "Docker cannot bind-mount a path that is not there"),
     # transformers 5.2.0 configuration_utils.py:665.
     Signature("config_not_json", "config.json is not valid JSON",
-              (r"It looks like the config file at '.+' is not a valid JSON file",),
+              (_then(r"It looks like the config file at '", r".' is not a valid JSON file"),),
               "copy config.json again from the checkpoint", "a truncated or empty config.json (a partial copy)"),
     # transformers 5.2.0 models/auto/configuration_auto.py:1433-1442 (4.57.1 words it the same).
     Signature("model_type_unknown", "transformers does not know the model type",
-              (r"has model type `[^`]+` but Transformers does not recognize this architecture",),
+              (r"has model type `[^`\n]+` but Transformers does not recognize this architecture",),
               "rebuild the image from its lock: GLM-5 (glm_moe_dsa) needs transformers >= 5.2 over sglang's 4.57.1 pin",
               "transformers is older than the checkpoint"),
     # sglang 0.5.9 model_loader/loader.py:467-470 (DefaultModelLoader._prepare_weights).
     Signature("weights_missing", "the checkpoint has no weight files",
-              (r"Cannot find any model weights with `[^`]*`",),
+              (r"Cannot find any model weights with `[^`\n]*`",),
               "finish copying the checkpoint (*.safetensors, ~410-453 GB) into model.path",
               "config.json is there, the *.safetensors are not"),
     # sglang 0.5.9 model_loader/utils.py:53-60.
     Signature("arch_unsupported", "the checkpoint's architecture is not one sglang can run",
-              (r"Cannot find model module\. '[^']+' is not a registered model",),
+              (r"Cannot find model module\. '[^'\n]+' is not a registered model",),
               "use the GLM-5 NVFP4 checkpoint (architectures: GlmMoeDsaForCausalLM)",
               "config.json names another architecture"),
     # sglang 0.5.9 model_executor/model_runner.py:840-845.
@@ -159,14 +179,15 @@ SIGNATURES: tuple[Signature, ...] = (
               "weights, KV cache and activations do not fit", implied_by=("cuda_graph_oom",)),
     # sglang 0.5.9 mem_cache/common.py:216-224, 284-292, 319-324, 410-418.
     Signature("kv_pool_exhausted", "the KV pool ran out while serving",
-              (r"(Prefill |Decode )?[Oo]ut of memory\. Try to lower your batch size",
+              # "Prefill out of...", "Decode out of...", "Out of...": one literal each, the fastest to search.
+              (r"Out of memory\. Try to lower your batch size", r"out of memory\. Try to lower your batch size",
                r"Out of memory even after retracting", r"alloc_req_slots runs out of memory"),
               "lower --max-running-requests in server.flags, or raise --mem-fraction-static",
               "more requests and context than the KV pool holds"),
     # sglang 0.5.9 distributed/device_communicators/pynccl_wrapper.py:373-376 (NCCL v2.27.5
     # src/init.cc:2376-2388); torch 2.9.1 NCCLUtils.cpp (DistBackendError); NCCL checks.h:16.
     Signature("nccl_error", "NCCL failed to set up or run a collective",
-              (r"RuntimeError: NCCL error: ", r"NCCL error in: .*ProcessGroupNCCL\.cpp:\d+",
+              (r"RuntimeError: NCCL error: ", _then(r"NCCL error in: ", r"ProcessGroupNCCL\.cpp:\d"),
                r"Cuda failure (\d+ )?'peer access is not supported between these two devices'"),
               _P2P_FIX, "GPU peer-to-peer or IPC across the TP ranks failed (or /dev/shm is too small)"),
     # torch 2.9.1 torch/csrc/distributed/c10d/TCPStore.cpp.
@@ -230,75 +251,157 @@ SIGNATURES: tuple[Signature, ...] = (
               "NaN from the SM120 attention or FP4 GEMM kernels, or corrupted all-reduce data"),
     # uvicorn server.py:179-182 (inside the container), Docker's port allocator (outside).
     Signature("port_in_use", "the server port is taken",
-              (r"error while attempting to bind on address .*: address already in use",
+              (_then(r"error while attempting to bind on address ", r": address already in use"),
                r"port is already allocated"),
               "stop what listens there (an old server container?) or choose another server.port",
               "another process holds the port"),
 )
 _BY_KEY = {signature.key: signature for signature in SIGNATURES}
+_COMPILED = tuple((order, signature, tuple(re.compile(p) for p in signature.patterns))
+                  for order, signature in enumerate(SIGNATURES))
 _FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
 LINE_CHARS = 1000  # a finding's line: torch's OOM message alone is ~570 characters
+ERROR_LINES = 5  # an unnamed failure shows the last five error lines
+# A line cut at logread.LINE_CHARS loses the word it was cut in (up to this many characters): a
+# secret cut in two would show its first part, which the secret itself no longer matches.
+_CUT_WORD_CHARS = 256
 
 # What a failing log shows besides the named messages: Python tracebacks and exceptions,
-# argparse errors, the parent noticing a child died (sglang 0.5.9 engine.py, common.py).
-_ERRORISH = re.compile(r"(Traceback \(most recent call last\)|^\w+(\.\w+)*(Error|Exception): |: error: |\bFAILED\b|Received sigquit|SIGQUIT received)")
-_SECRET_ASSIGNMENTS = re.compile(r"((?:admin_)?api_key=)('[^']*'|\"[^\"]*\")")
+# argparse errors, the parent noticing a child died (sglang 0.5.9 engine.py, common.py). Each is
+# searched for by a literal (fast), and where the literal is not all of it, its line is checked.
+_EXCEPTION_LINE = re.compile(r"\w+(?:\.\w+)*(?:Error|Exception): ")  # at the start of the (stripped) line
+_FAILED = re.compile(r"\bFAILED\b")
+_ERRORISH: tuple[tuple[re.Pattern[str], Callable[[str], object] | None], ...] = (
+    (re.compile(r"Traceback \(most recent call last\)"), None),
+    (re.compile(r"Error: "), lambda line: _EXCEPTION_LINE.match(line.lstrip())),
+    (re.compile(r"Exception: "), lambda line: _EXCEPTION_LINE.match(line.lstrip())),
+    (re.compile(r": error: "), None),
+    (re.compile(r"FAILED"), _FAILED.search),
+    (re.compile(r"Received sigquit"), None),
+    (re.compile(r"SIGQUIT received"), None),
+)
 
 
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Hide secret values and any ``api_key='...'`` repr (sglang logs ServerArgs with the key in it)."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return _SECRET_ASSIGNMENTS.sub(r"\1'***'", text)
+def _without_cut_word(line: str) -> str:
+    """A line as long as the cut leaves it, without the word the cut went through."""
+    if len(line) < CUT_CHARS:
+        return line
+    tail = line[-_CUT_WORD_CHARS:]
+    return line[:len(line) - len(tail) + max(tail.rfind(" "), tail.rfind("\t"), 0)]
 
 
-_COMPILED = tuple((signature, tuple(re.compile(p) for p in signature.patterns)) for signature in SIGNATURES)
+def _shown(line: str, secrets: tuple[str, ...], limit: int) -> str:
+    return redact(_without_cut_word(line).strip(), secrets)[:limit]
+
+
+class Scan:
+    """One pass over a log (``feed`` it ``logread.cut_lines``), keeping only what the findings need:
+    the first line of each signature, the last error lines and the last non-blank line."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, int, str]] = {}  # key -> (line number, table order, line)
+        self.errors: deque[str] = deque(maxlen=ERROR_LINES)
+        self.last_line = ""
+        self.lines = 0
+        self._previous: str | None = None  # the line before this chunk's first; None at the start of a window
+        self._pending = list(_COMPILED)
+
+    def feed(self, lines: list[str] | None) -> None:
+        if lines is None:  # a window of the file ends: the next line does not follow this one
+            self._previous = None
+            return
+        if not lines:
+            return
+        block = "\n".join(lines)
+        for entry in list(self._pending):
+            order, signature, regexes = entry
+            starts = [start for regex in regexes if (start := self._first_line(regex, block)) is not None]
+            if starts:
+                start = min(starts)
+                end = block.find("\n", start)
+                self.first[signature.key] = (self.lines + block.count("\n", 0, start), order,
+                                             block[start:end if end >= 0 else len(block)])
+                self._pending.remove(entry)
+        self._error_lines(block)
+        for line in reversed(lines):
+            if line.strip():
+                self.last_line = line
+                break
+        self.lines += len(lines)
+        self._previous = lines[-1]
+
+    def _first_line(self, regex: re.Pattern[str], block: str) -> int | None:
+        """Where the first line of ``block`` that ``regex`` matches starts, passing over a traceback's
+        source lines (`raise X(f"...")`: the exception line below it says the same)."""
+        at = 0
+        while (found := regex.search(block, at)) is not None:
+            start = block.rfind("\n", 0, found.start()) + 1
+            previous = self._previous if start == 0 else block[block.rfind("\n", 0, start - 1) + 1:start - 1]
+            if previous is None or not _FRAME.match(previous):
+                return start
+            end = block.find("\n", found.end())
+            if end < 0:
+                return None
+            at = end + 1
+        return None
+
+    def _error_lines(self, block: str) -> None:
+        found: dict[int, str] = {}
+        for finder, check in _ERRORISH:
+            at = 0
+            while (hit := finder.search(block, at)) is not None:
+                start = block.rfind("\n", 0, hit.start()) + 1
+                end = block.find("\n", hit.end())
+                end = len(block) if end < 0 else end
+                if start not in found and (check is None or check(block[start:end])):
+                    found[start] = block[start:end]
+                at = end + 1
+        self.errors.extend(found[start] for start in sorted(found)[-ERROR_LINES:])
+
+    def findings(self, secrets: Iterable[str] = ()) -> list[Finding]:
+        """Every named failure, ordered by the line where each first shows; symptoms that a finding
+        explains are left out. Unnamed errors give one ``unknown`` finding; a healthy log none."""
+        secrets = tuple(secrets)
+        named = [key for key in sorted(self.first, key=lambda k: self.first[k][:2])
+                 if not any(other in self.first for other in _BY_KEY[key].implied_by)]
+        if named:
+            return [Finding(key, _BY_KEY[key].title, _BY_KEY[key].cause, _BY_KEY[key].fix,
+                            _shown(self.first[key][2], secrets, LINE_CHARS)) for key in named]
+        if not self.errors:
+            return []
+        return [Finding("unknown", "a failure no signature names", "see the log lines",
+                        "read the whole log (docker logs <container>); these are its last error lines",
+                        redact(" | ".join(_without_cut_word(line).strip() for line in self.errors), secrets)[:1500])]
+
+    def last_error_line(self, secrets: Iterable[str] = ()) -> str:
+        """The last error-looking line, else the last line (redacted)."""
+        line = self.errors[-1] if self.errors else self.last_line
+        return _shown(line, tuple(secrets), 500) if line else "(no log output)"
+
+
+def scan(chunks: Iterable[str | None]) -> Scan:
+    """One pass over a log given in chunks (``logread.LogSource.chunks``)."""
+    result = Scan()
+    for lines in cut_lines(chunks):
+        result.feed(lines)
+    return result
+
+
+def scan_text(text: str) -> Scan:
+    return scan(text_chunks(text))
 
 
 def match_signature(text: str) -> tuple[Signature, str] | None:
     """The signature of the failure that began first in ``text``, and the line that shows it."""
-    found = findings(text)
-    if not found:
+    named = [found for found in findings(text) if found.id != "unknown"]
+    if not named:
         return None
-    return _BY_KEY[found[0].id], found[0].line
+    return _BY_KEY[named[0].id], named[0].line
 
 
 def findings(text: str, secrets: Iterable[str] = ()) -> list[Finding]:
-    """Every named failure in a log, ordered by the line where each first shows; symptoms that a
-    finding explains are left out. Unnamed errors give one ``unknown`` finding; a healthy log none."""
-    secrets = tuple(secrets)
-    lines = text.splitlines()
-    first: dict[str, tuple[int, str]] = {}
-    for index, line in enumerate(lines):
-        if index and _FRAME.match(lines[index - 1]):
-            continue  # a traceback's source line (`raise X(f"...")`): the exception line below says it
-        for signature, regexes in _COMPILED:
-            if signature.key not in first and any(regex.search(line) for regex in regexes):
-                first[signature.key] = (index, line.strip())
-    named = [key for key in sorted(first, key=lambda k: first[k][0])
-             if not any(other in first for other in _BY_KEY[key].implied_by)]
-    if named:
-        return [Finding(key, _BY_KEY[key].title, _BY_KEY[key].cause, _BY_KEY[key].fix,
-                        redact(first[key][1], secrets)[:LINE_CHARS]) for key in named]
-    errors = error_lines(text)
-    if not errors:
-        return []
-    return [Finding("unknown", "a failure no signature names", "see the log lines",
-                    "read the whole log (docker logs <container>); these are its last error lines",
-                    redact(" | ".join(errors[-5:]), secrets)[:1500])]
-
-
-def error_lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if _ERRORISH.search(line)]
-
-
-def last_error_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if _ERRORISH.search(line):
-            return line
-    return lines[-1] if lines else "(no log output)"
+    """Every named failure in a log, ordered by the line where each first shows (``Scan.findings``)."""
+    return scan_text(text).findings(secrets)
 
 
 def diagnose(log_text: str, exit_code: int | None = None, oom_killed: bool = False,
@@ -306,45 +409,54 @@ def diagnose(log_text: str, exit_code: int | None = None, oom_killed: bool = Fal
     """The failure that began first in a server's log, with its fix (what serve reports when a
     start fails). Always returns something."""
     secrets = tuple(secrets)
-    named = [f for f in findings(log_text, secrets) if f.id != "unknown"]
+    result = scan_text(log_text)
+    named = [f for f in result.findings(secrets) if f.id != "unknown"]
     if named:
         return Diagnosis(named[0].id, named[0].summary, named[0].fix, named[0].line, exit_code)
     if oom_killed:
         return Diagnosis("host_oom", "the kernel's OOM killer stopped the server (host RAM, not GPU memory)",
                          "give the container more memory (container.memory_gb) or lower OMP_NUM_THREADS; "
                          "loading reads the ~410 GB checkpoint through host memory",
-                         redact(last_error_line(log_text), secrets)[:500], exit_code)
+                         result.last_error_line(secrets), exit_code)
     return Diagnosis("unknown", f"the server exited{f' with status {exit_code}' if exit_code is not None else ''}",
                      "read the full log (docker logs <container>); the line below is the last error it printed",
-                     redact(last_error_line(log_text), secrets)[:500], exit_code)
+                     result.last_error_line(secrets), exit_code)
+
+
+# Docker's own refusals (moby and nvidia-container-toolkit messages), searched case-insensitively.
+_DOCKER_ERRORS = {
+    "nvidia_runtime_missing": _then(r"could not select device driver ", r" with capabilities: \[\[gpu\]\]"),
+    "device_node_missing": r"error gathering device information|" + _then(r"no such file or directory", r"/dev/nvidia"),
+    "memlock_not_permitted": r"error setting rlimit type 8|" + _then(r"setting rlimits", r"operation not permitted"),
+    "port_in_use": r"port is already allocated|address already in use",
+    "image_missing": r"No such image|pull access denied|not found: manifest unknown",
+}
+_DOCKER_COMPILED = {key: re.compile(pattern, re.IGNORECASE) for key, pattern in _DOCKER_ERRORS.items()}
+_DOCKER_MESSAGE_CHARS = 16 * CUT_CHARS  # Docker's messages are a few lines; a longer one is cut first
 
 
 def diagnose_docker_error(message: str, model_path: str = "", image: str = "") -> Diagnosis | None:
     """Docker refusing to create or start the container, in words, with the fix."""
+    message = message[:_DOCKER_MESSAGE_CHARS]
     found = match_signature(message)
     if found:
         signature, line = found
         fix = signature.fix if not model_path else f"{signature.fix} (model.path: {model_path})"
         return Diagnosis(signature.key, signature.title, fix, line[:500])
     known = (
-        (r"could not select device driver .* with capabilities: \[\[gpu\]\]",
-         "nvidia_runtime_missing", "Docker has no NVIDIA runtime for --gpus",
+        ("nvidia_runtime_missing", "Docker has no NVIDIA runtime for --gpus",
          "install nvidia-container-toolkit on the node, or start with GPU device nodes instead"),
-        (r"error gathering device information|no such file or directory.*?/dev/nvidia",
-         "device_node_missing", "an NVIDIA device node is missing on the node",
+        ("device_node_missing", "an NVIDIA device node is missing on the node",
          "run the container and node stages again: /dev/nvidia* must exist inside the LXC container"),
-        (r"error setting rlimit type 8|setting rlimits.*operation not permitted",
-         "memlock_not_permitted", "Docker may not raise the locked-memory limit (memlock) that NCCL needs",
+        ("memlock_not_permitted", "Docker may not raise the locked-memory limit (memlock) that NCCL needs",
          ("the node lacks CAP_SYS_RESOURCE: make the LXC container privileged (container.unprivileged: false) or "
           "raise its limit (lxc.prlimit.memlock: unlimited in /etc/pve/lxc/<vmid>.conf)")),
-        (r"port is already allocated|address already in use",
-         "port_in_use", "the server port is taken on the node",
+        ("port_in_use", "the server port is taken on the node",
          "stop what listens there or choose another server.port"),
-        (r"No such image|pull access denied|not found: manifest unknown",
-         "image_missing", f"the image {image} is not on the node" if image else "the image is not on the node",
+        ("image_missing", f"the image {image} is not on the node" if image else "the image is not on the node",
          "run the image stage (gpunode provision host.yml --tags image); images are built on the node, never pulled"),
     )
-    for pattern, key, title, fix in known:
-        if re.search(pattern, message, re.IGNORECASE):
-            return Diagnosis(key, title, fix, message.strip()[:500])
+    for key, title, fix in known:
+        if _DOCKER_COMPILED[key].search(message):
+            return Diagnosis(key, title, fix, redact(message.strip())[:500])
     return None
