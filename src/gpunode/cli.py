@@ -11,14 +11,21 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 
+# Typer 0.29 carries its own click (typer._click, pinned with it): its exceptions are what the
+# command line raises.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+from typer._click.globals import get_current_context
+from typer.core import TyperGroup
+
 if TYPE_CHECKING:
     from rich.console import Console
+    from typer._click import Command, Context
 
     from gpunode.hostfile import Host, HostFile
 
@@ -44,12 +51,82 @@ def _with_codes(command: Callable[..., None], *keys: str) -> None:
         text += "\n\n" + ("--local: " if index else "") + _codes(key)
     command.__doc__ = text
 
+
+def _takes_json(command: Command | None) -> bool:
+    return command is not None and any("--json" in getattr(param, "opts", ()) for param in command.params)
+
+
+def _json_given(ctx: Context | None, args: Sequence[str]) -> bool:
+    """Was --json asked of a command that takes it? From its parsed value once the command runs,
+    else (a usage error, before parsing ended) from the arguments."""
+    if ctx is None or not _takes_json(ctx.command):
+        return False
+    if "as_json" in ctx.params:
+        return bool(ctx.params["as_json"])
+    args = list(args)
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _report(code: int, lines: list[str], as_json: bool) -> None:
+    """Errors, one line each on stderr, plain text whatever they hold (no Rich markup); with --json
+    also one JSON object on stdout, the only thing there."""
+    from rich.text import Text
+
+    from gpunode.text import one_line
+
+    console = _err()
+    for line in lines:
+        console.print(Text.assemble(("error:", "red"), " ", one_line(line)))
+    if as_json:
+        typer.echo(json.dumps({"error": "; ".join(lines), "errors": lines, "exit_code": code}))
+
+
+class _Gpunode(TyperGroup):
+    """The root command. Every way out is an exit code of gpunode.exitcodes: a usage error is one
+    line (not click's usage block) and exit 2; with --json, errors are a JSON object on stdout too."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        # Named gpunode however it was started (python -m, a test runner): usage lines name the command to type.
+        code = self._outcome(argv, "gpunode", complete_var, windows_expand_args, extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _outcome(self, argv: list[str], prog_name: str, complete_var: str | None, windows_expand_args: bool,
+                 extra: dict[str, Any]) -> int:
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False,
+                                  windows_expand_args=windows_expand_args, **extra)
+        except NoArgsIsHelpError as exc:
+            return exc.exit_code  # the help is printed already
+        except UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else prog_name
+            _report(exc.exit_code, [f"{exc.format_message()} ({where} --help)"], _json_given(exc.ctx, argv))
+            return exc.exit_code
+        except ClickException as exc:
+            _report(exc.exit_code, [exc.format_message()], "--json" in argv)
+            return exc.exit_code
+        except typer.Abort:
+            _report(1, ["aborted"], "--json" in argv)
+            return 1
+        except Exception as exc:
+            if "--json" in argv:  # a bug: its traceback follows on stderr, stdout still holds one object
+                typer.echo(json.dumps({"error": f"internal error: {type(exc).__name__}: {exc}",
+                                       "errors": [f"internal error: {type(exc).__name__}: {exc}"], "exit_code": 1}))
+            raise
+        return result if isinstance(result, int) else 0
+
+
 app = typer.Typer(
+    cls=_Gpunode,
     help="Provision a Proxmox VE host with NVIDIA GPUs: LXC container, pinned SGLang image, P2P check, server.\n\n"
     + EXIT_CODES_HELP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 image_app = typer.Typer(help="The pinned server image: build it, verify it.", no_args_is_help=True)
 lab_app = typer.Typer(help="The local lab: Docker, an LXC container with fake GPU device nodes, fakepve.",
@@ -67,10 +144,28 @@ def _err() -> Console:
 
 
 def _die(code: int, lines: list[str]) -> NoReturn:
-    console = _err()
-    for line in lines:
-        console.print(f"[red]error:[/red] {line}", markup=True)
+    """Stop with ``code``: each line printed as an error (plain text, one line), and with the
+    running command's --json the JSON error on stdout."""
+    _report(code, lines, _json_given(get_current_context(silent=True), []))
     raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("gpunode")
+        except PackageNotFoundError:  # run from a source tree, not installed
+            from gpunode import __version__ as number
+        typer.echo(f"gpunode {number}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(show_version: Annotated[bool, typer.Option(
+        "--version", help="print gpunode's version and exit", is_eager=True, callback=_version)] = False) -> None:
+    pass
 
 
 def _load(path: Path) -> HostFile:
@@ -130,8 +225,26 @@ def plan(
             print_router_plan(router, console)
 
 
-def _split(values: list[str] | None) -> list[str]:
-    return [item.strip() for value in values or [] for item in value.split(",") if item.strip()]
+def _names(option: str, values: list[str], known: Sequence[str], kind: str, where: str = "") -> list[str]:
+    """The names a comma-list option gives, each one of ``known``, in order, once. An empty value or
+    name is bad input (left out, --tags or --limit would mean every stage or host), and so is an
+    unknown one; either message lists the names there are. ``where`` begins the unknown's message."""
+    items = [item.strip() for value in values for item in value.split(",")]
+    there = f"({kind}s: {', '.join(known)})"
+    if not items or "" in items:
+        _die(2, [f"{option} {','.join(values)!r}: an empty {kind} name {there}"])
+    unknown = [item for item in dict.fromkeys(items) if item not in known]
+    if unknown:
+        _die(2, [f"{where}unknown {kind}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} {there}"])
+    return list(dict.fromkeys(items))
+
+
+def _limit_names(hf: HostFile) -> list[str]:
+    """What --limit takes: the host file's hosts, their GPU nodes (inventory names) and its router."""
+    from gpunode.derive import ROUTER_NODE, node_name
+
+    return [*(host.name for host in hf.hosts), *(node_name(host) for host in hf.hosts),
+            *([ROUTER_NODE] if hf.router is not None else [])]
 
 
 def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: bool, diff: bool,
@@ -139,10 +252,27 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
                 adopt: bool = False, vault_password_file: Path | None = None, as_json: bool = False,
                 verbose: int = 0) -> NoReturn:
     """The one path every stage takes from the command line: the collection's provision playbook
-    through ansible-runner, the stages selected by tags, a recap from runner stats."""
+    through ansible-runner, the stages selected by tags, a recap from runner stats. Every flag and
+    name is checked first: nothing runs on bad input."""
     from gpunode import stages as stage_list
 
+    allowing = [flag for flag, given in (("--restart-container", restart_container),
+                                         ("--recreate-container", recreate_container), ("--adopt", adopt)) if given]
+    if check and allowing:
+        _die(2, [f"--check with {', '.join(allowing)}: --check changes nothing, {' and '.join(allowing)} "
+                 f"allow{'s' if len(allowing) == 1 else ''} a change; give one or the other"])
+    tags = _names("--tags", tags, stage_list.STAGE_NAMES, "stage") if tags is not None else None
+    if start is not None and not start.strip():
+        _die(2, [f"--from '': an empty stage name (stages: {', '.join(stage_list.STAGE_NAMES)})"])
+    if tags and start in stage_list.STAGE_NAMES:
+        before = [name for name in tags if stage_list.STAGE_NAMES.index(name) < stage_list.STAGE_NAMES.index(start)]
+        if before:
+            verb = "comes" if len(before) == 1 else "come"
+            _die(2, [f"--tags {','.join(before)} with --from {start}: {', '.join(before)} {verb} before {start} and "
+                     "would not run; give --tags or --from"])
     hf = _load(path)
+    if limit is not None:
+        _names("--limit", [limit], _limit_names(hf), "host", where=f"{path}: --limit: ")
     try:
         chosen = stage_list.select(tags, start)
     except ValueError as exc:
@@ -162,6 +292,9 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
                  "serve and smoke); name one with --tags"])
     if adopt and "container" not in chosen:
         _die(2, ["--adopt takes over a container: it needs the container stage, which is not selected"])
+    restarting = [flag for flag in allowing if flag != "--adopt"]
+    if restarting and "container" not in chosen:
+        _die(2, [f"{', '.join(restarting)}: the container stage does that, and it is not selected"])
 
     from rich.console import Console
 
@@ -194,7 +327,9 @@ def _run_stages(path: Path, tags: list[str] | None, start: str | None, *, check:
 
 CheckOpt = Annotated[bool, typer.Option("--check", help="report what would change; change nothing")]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="show file and config differences")]
-LimitOpt = Annotated[Optional[str], typer.Option("--limit", help="only these hosts (Ansible pattern)")]
+LimitOpt = Annotated[Optional[str], typer.Option("--limit", help="only these hosts, a comma list of the host file's "
+                                                 "names: a host (brings its GPU node along), a GPU node NAME-ctVMID, "
+                                                 "router")]
 JsonRecapOpt = Annotated[bool, typer.Option("--json", help="print the recap as JSON on stdout")]
 VerboseOpt = Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")]
 VaultOpt = Annotated[Optional[Path], typer.Option("--vault-password-file", help="for {vault: PATH} secrets")]
@@ -225,7 +360,7 @@ def provision(
     An existing container without gpunode's tag is never changed (exit 1, naming it) unless
     --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
     """
-    _run_stages(path, _split(tags) or None, start, check=check, diff=diff, limit=limit,
+    _run_stages(path, tags, start, check=check, diff=diff, limit=limit,
                 restart_container=restart_container, recreate_container=recreate_container, adopt=adopt,
                 vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
 
@@ -260,10 +395,18 @@ _with_codes(provision, "provision")
 
 def _stage_or_local(name: str, path: Path | None, local: bool, local_only: dict[str, object], *,
                     check: bool, diff: bool, limit: str | None, vault_password_file: Path | None, as_json: bool,
-                    verbose: int) -> None:
+                    verbose: int, json_local: bool = True) -> None:
     """A stage verb that also runs on this machine: without --local it is the stage (a host file is
-    needed, the options of --local are refused); with --local it returns and the caller runs here."""
+    needed, the options of --local are refused); with --local it returns and the caller runs here
+    (the stage's own options refused: nothing here would read them; ``json_local``: --local has a
+    JSON output)."""
     if local:
+        stage_only = [option for option, value in (
+            ("--check", check), ("--diff", diff), ("--limit", limit), ("--vault-password-file", vault_password_file),
+            ("-v", verbose), ("--json", as_json and not json_local)) if value not in (None, False, 0)]
+        if stage_only:
+            _die(2, [f"{', '.join(stage_only)}: not with --local (the {name} stage's, on the node; --local runs "
+                     "here)"])
         return
     given = [option for option, value in local_only.items() if value not in (None, False)]
     if given:
@@ -288,11 +431,8 @@ def check(
     """
     from gpunode.checks import LAYERS
 
+    chosen = _names("--layer", layers, LAYERS, "layer") if layers is not None else []
     hf = _load(path)
-    chosen = _split(layers)
-    unknown = [layer for layer in chosen if layer not in LAYERS]
-    if unknown:
-        _die(2, [f"unknown layer {layer!r} (layers: {', '.join(LAYERS)})" for layer in unknown])
     if chosen == ["router"] and hf.router is None:
         _die(2, [f"{path}: --layer router: the host file has no router: section"])
 
@@ -329,8 +469,8 @@ def p2p(
     host: Annotated[Optional[str], typer.Option("--host", help="--local: which host of the host file")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (--local: every number and finding; "
                                                          "else the recap)")] = False,
-    size_mb: Annotated[Optional[int], typer.Option("--size-mb", help="--local: bytes per bandwidth copy, MiB "
-                                                   "(512)")] = None,
+    size_mb: Annotated[Optional[int], typer.Option("--size-mb", min=1, help="--local: bytes per bandwidth "
+                                                   "copy, MiB (512)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="--local: fewer samples: faster, noisier")] = False,
     check: CheckOpt = False,
     limit: LimitOpt = None,
@@ -346,6 +486,8 @@ def p2p(
     from gpunode.p2p.command import run as run_p2p
     from gpunode.p2p.verdict import Expectations
 
+    if path is None and host is not None:
+        _die(2, ["--host picks a host of the host file: give the host file too"])
     values: dict[str, object] = {}
     if path is not None:
         chosen = _one_host(path, host)
@@ -361,10 +503,13 @@ _with_codes(p2p, STAGE_CODES, "p2p --local")
 
 def _one_host(path: Path, name: str | None):  # -> Host
     hf = _load(path)
-    chosen = [h for h in hf.hosts if name in (None, h.name)]
-    if not chosen or (name is None and len(chosen) > 1):
-        _die(2, [f"{path}: name one host with --host ({', '.join(h.name for h in hf.hosts)})"])
-    return chosen[0]
+    names = [h.name for h in hf.hosts]
+    if name is not None and name not in names:
+        what = "an empty name" if not name.strip() else "no such host in the file"
+        _die(2, [f"{path}: --host {name!r}: {what}; name one host with --host ({', '.join(names)})"])
+    if name is None and len(names) > 1:
+        _die(2, [f"{path}: name one host with --host ({', '.join(names)})"])
+    return hf.hosts[names.index(name) if name is not None else 0]
 
 
 @app.command()
@@ -375,8 +520,8 @@ def serve(
     docker_url: Annotated[Optional[str], typer.Option(
         "--docker-url", help="--local: the Docker engine (default: this machine's, DOCKER_HOST)")] = None,
     image: Annotated[Optional[str], typer.Option("--image", help="--local: image tag (default: the host file's)")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help="--local: seconds to wait for readiness "
-                                                     "(3600)")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", min=1, help="--local: seconds to wait for "
+                                                     "readiness (3600)")] = None,
     check: CheckOpt = False,
     limit: LimitOpt = None,
     as_json: JsonRecapOpt = False,
@@ -390,7 +535,8 @@ def serve(
     """
     _stage_or_local("serve", path, local, {"--host": host, "--docker-url": docker_url, "--image": image,
                                            "--timeout": timeout},
-                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose)
+                    check=check, diff=False, limit=limit, vault_password_file=None, as_json=as_json, verbose=verbose,
+                    json_local=False)
     chosen = _one_host(path, host)
     from gpunode.derive import server_image
     from gpunode.serve.command import DEFAULT_TIMEOUT_S
@@ -443,6 +589,9 @@ def smoke(
             _die(2, [f"--api-key-env: environment variable {api_key_env} is not set"])
         api_key = os.environ[api_key_env]
     runner = None
+    for_bench = [option for option, value in (("--model-dir", model_dir), ("--docker-url", docker_url)) if value]
+    if for_bench and not bench_image:
+        _die(2, [f"{', '.join(for_bench)}: only with --bench-image (the short bench's)"])
     if bench_image:
         if not model_dir:
             _die(2, ["--bench-image needs --model-dir (the tokenizer is read from the model directory)"])
@@ -466,27 +615,34 @@ def diagnose(
 ) -> None:
     """Name the failures in an SGLang server log: line, cause and fix of each.
 
-    Ordered by where the failure began; the signatures serve uses when a start fails."""
-    from gpunode.serve.diagnose import findings
+    Ordered by where the failure began; the signatures serve uses when a start fails. Lines are
+    cut to 4096 characters; of a file longer than 256 MiB, the first 16 and the last 240 MiB are
+    read. A FIFO, device, socket or directory is refused, as is a terminal on standard input."""
+    from gpunode.serve.diagnose import findings, scan
+    from gpunode.serve.logread import LogUnreadable, open_log
+    from gpunode.text import one_line
 
+    if host is not None and path is None:
+        _die(2, ["--host picks a host of the host file: give it with --hosts"])
     if (log is None) == (path is None):
         _die(2, ["give a log file, - for standard input, or --hosts HOST_FILE for the node's server log"])
     if path is not None:
-        text = _server_log(_one_host(path, host))
-    elif log == "-":
-        text = sys.stdin.read()
+        found = findings(_server_log(_one_host(path, host)))
     else:
         try:
-            text = Path(str(log)).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            _die(2, [f"{log}: {exc.strerror or exc}"])
-    found = findings(text)
+            with open_log(str(log)) as source:
+                found = scan(source.chunks()).findings()
+        except LogUnreadable as exc:
+            _die(2, [str(exc)])
+        if source.note:
+            typer.echo(f"note: {one_line(source.note)}", err=True)
     if as_json:
         typer.echo(json.dumps({"findings": [f.as_dict() for f in found]}, indent=2))
     elif not found:
         typer.echo("no failure found in the log")
     for finding in ([] if as_json else found):
-        typer.echo(f"{finding.id}: {finding.summary}\n  line:  {finding.line}\n  cause: {finding.cause}\n"
+        # The log's line as text that drives no terminal: a log may carry escape sequences.
+        typer.echo(f"{finding.id}: {finding.summary}\n  line:  {one_line(finding.line)}\n  cause: {finding.cause}\n"
                    f"  fix:   {finding.fix}")
     raise typer.Exit(1 if any(f.id == "unknown" for f in found) else 0)
 
@@ -519,7 +675,8 @@ def image_build(
     force: Annotated[bool, typer.Option("--force", help="--local: build even if the content tag exists")] = False,
     check: CheckOpt = False,
     limit: LimitOpt = None,
-    as_json: JsonRecapOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the recap (--local: the build's result) as JSON "
+                                                         "on stdout")] = False,
     verbose: VerboseOpt = 0,
 ) -> None:
     """The image stage on the node: build, verify and record the server image (--local: build here).
@@ -541,7 +698,12 @@ def image_build(
         _die(3, [str(exc)])
     except BuildError as exc:
         _die(1, [str(exc)])
-    typer.echo(f"{result.tag} ({'built in %.0f s' % result.seconds if result.built else 'present, not rebuilt'})")
+    if as_json:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps(asdict(result), indent=2, default=str))
+    else:
+        typer.echo(f"{result.tag} ({'built in %.0f s' % result.seconds if result.built else 'present, not rebuilt'})")
 
 
 _with_codes(image_build, STAGE_CODES, "image build --local")
@@ -565,6 +727,8 @@ def image_verify(
     from gpunode.derive import aot_plan, server_launch
     from gpunode.image import VerifyError, verify
 
+    if path is None and host is not None:
+        _die(2, ["--host picks a host of the host file: give it with --hosts"])
     chosen = _one_host(path, host) if path else None
     try:
         argv = list(server_launch(chosen).argv) if chosen else _stack_launch_argv(tag, docker_url)
@@ -608,8 +772,8 @@ def bench(
     path: HostFileArg,
     host: Annotated[Optional[str], typer.Option("--host", help="which host of the host file")] = None,
     levels: Annotated[Optional[str], typer.Option("--levels", help="concurrency list, e.g. 1,10,64,256,1024")] = None,
-    input_len: Annotated[Optional[int], typer.Option("--input-len", help="random-ids input tokens")] = None,
-    output_len: Annotated[Optional[int], typer.Option("--output-len", help="random-ids output tokens")] = None,
+    input_len: Annotated[Optional[int], typer.Option("--input-len", min=1, help="random-ids input tokens")] = None,
+    output_len: Annotated[Optional[int], typer.Option("--output-len", min=1, help="random-ids output tokens")] = None,
     range_ratio: Annotated[float, typer.Option("--range-ratio", help="bench_serving's --random-range-ratio: 1.0 "
                                                "sends exactly the lengths given, r < 1 draws each from [N*r, N]")] = 1.0,
     ab: Annotated[Optional[str], typer.Option("--ab", help="KEY=V1,V2 (restart the server per value, sweep each), "
@@ -631,9 +795,11 @@ def bench(
     through the fleet's router instead (from the router's node, or the first host's), and reads
     how many requests the router sent each worker from its metrics."""
     try:
-        level_list = [int(v) for v in levels.split(",")] if levels else None
+        level_list = [int(v) for v in levels.split(",")] if levels is not None else None
     except ValueError:
-        _die(2, [f"--levels {levels!r}: give whole numbers separated by commas"])
+        level_list = [0]
+    if level_list is not None and min(level_list) < 1:  # an empty list is not the default levels
+        _die(2, [f"--levels {levels!r}: give whole numbers of 1 or more separated by commas"])
     if router:
         given = [name for name, value in (("--host", host), ("--ab", ab), ("--docker-url", docker_url)) if value]
         if given:
