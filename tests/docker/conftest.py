@@ -1,12 +1,13 @@
-"""Fixtures for the real-Docker tests: a client (skip without Docker, fail under CI=true), the fake
+"""Fixtures for the real-Docker tests: a client (skip without Docker, fail under CI), the fake
 server image, and containers cleaned up after each test."""
 
 from __future__ import annotations
 
-import os
 import resource
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -14,14 +15,21 @@ import pytest
 from gpunode.lab.image import ensure_fake_image
 from gpunode.serve.spec import jit_cache_volume
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ci import CiValueError, under_ci  # noqa: E402 - tests/ put on the path just above
+
 
 @pytest.fixture(scope="session")
 def docker_client() -> docker.DockerClient:
     try:
+        ci = under_ci()
+    except CiValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        if os.environ.get("CI") == "true":
+        if ci:
             pytest.fail(f"Docker is unavailable under CI: {exc}; .ci/run brings it up with `gpunode lab up`")
         pytest.skip(f"Docker is unavailable ({exc}): start it, e.g. `.venv/bin/gpunode lab up`")
     return client

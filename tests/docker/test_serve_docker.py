@@ -8,6 +8,7 @@ import io
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from gpunode.smoke import bench
 from gpunode.smoke.command import smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakes.process import free_port, model_dir  # noqa: E402 - tests/ put on the path just above
+from fakes.ports import PortTaken, closed_port, on_free_port  # noqa: E402 - tests/ put on the path just above
+from fakes.process import model_dir  # noqa: E402
 
 pytestmark = pytest.mark.docker
 
@@ -46,12 +48,12 @@ def gpu_nodes(root: Path) -> handoff.GpuHandoff:
     return handoff.GpuHandoff.device_nodes([str(dev / name) for name in numbers], str(dev))
 
 
-def lab_host(root: Path, **server: Any) -> Host:
+def lab_host(root: Path, *, port: int, model: Path | None = None, **server: Any) -> Host:
     host = hostfile.load(EXAMPLE).hosts[0]
-    settings = {"port": free_port(), "flags": {"--tp-size": 2}, "env": dict(QUICK), **server}
+    settings = {"port": port, "flags": {"--tp-size": 2}, "env": dict(QUICK), **server}
     return host.model_copy(update={
         "container": host.container.model_copy(update={"gpus": [0, 1]}),
-        "model": host.model.model_copy(update={"path": model_dir(root)}),
+        "model": host.model.model_copy(update={"path": model if model is not None else model_dir(root)}),
         "server": host.server.model_copy(update=settings),
     })
 
@@ -73,11 +75,29 @@ def start(host: Host, image: str, name: str, handoff: handoff.GpuHandoff, timeou
     return outcome, console.file.getvalue()  # type: ignore[attr-defined]
 
 
+def start_on_free_port(build: Callable[[int], Host], client: docker.DockerClient, image: str, name: str,
+                       handoff: handoff.GpuHandoff, **kwargs: Any) -> tuple[Host, ServeOutcome, str]:
+    """The first start of a test's server, on a free port: Docker publishes it, so the port cannot be
+    handed over bound (tests/fakes/ports.py); when another process took it first, Docker says so
+    (diagnosed port_in_use) and the start is made again, afresh, on another port."""
+
+    def attempt(port: int) -> tuple[Host, ServeOutcome, str]:
+        host = build(port)
+        outcome, said = start(host, image, name, handoff, **kwargs)
+        if outcome.diagnosis is not None and outcome.diagnosis.key == "port_in_use":
+            for container in client.containers.list(all=True, filters={"name": name}):
+                container.remove(force=True)
+            raise PortTaken(port, outcome.diagnosis.evidence)
+        return host, outcome, said
+
+    return on_free_port(attempt)
+
+
 def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient, fake_image: str,
                                             container_name: str, tmp_path: Path) -> None:
     handoff = gpu_nodes(tmp_path)
-    host = lab_host(tmp_path)
-    first, said = start(host, fake_image, container_name, handoff)
+    host, first, said = start_on_free_port(lambda port: lab_host(tmp_path, port=port), docker_client, fake_image,
+                                           container_name, handoff)
     assert first.exit_code == 0, said
     assert first.start is not None and first.start.action == "created"
     assert first.readiness is not None and [e.phase for e in first.readiness.events][-3:] == ["http", "fired_up", "ready"]
@@ -132,9 +152,10 @@ def test_api_key_file_smoke_and_key_change(docker_client: docker.DockerClient, f
                                            container_name: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUNODE_TEST_API_KEY", "-docker-key-4f2a9")  # a leading "-": one argument still
-    host = lab_host(tmp_path, api_key=hostfile.SecretRef(env="GPUNODE_TEST_API_KEY"))
     handoff = gpu_nodes(tmp_path)
-    outcome, said = start(host, fake_image, container_name, handoff)
+    host, outcome, said = start_on_free_port(
+        lambda port: lab_host(tmp_path, port=port, api_key=hostfile.SecretRef(env="GPUNODE_TEST_API_KEY")),
+        docker_client, fake_image, container_name, handoff)
     assert outcome.exit_code == 0, said
     container = docker_client.containers.get(container_name)
     inspected = str(container.attrs)
@@ -162,8 +183,9 @@ def test_api_key_file_smoke_and_key_change(docker_client: docker.DockerClient, f
 def test_crash_is_diagnosed_and_the_container_stopped(docker_client: docker.DockerClient, fake_image: str,
                                                       container_name: str, tmp_path: Path, crash: str,
                                                       key: str) -> None:
-    host = lab_host(tmp_path, env={**QUICK, "FAKE_SGLANG_CRASH": crash})
-    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    _host, outcome, said = start_on_free_port(
+        lambda port: lab_host(tmp_path, port=port, env={**QUICK, "FAKE_SGLANG_CRASH": crash}), docker_client,
+        fake_image, container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1 and outcome.readiness is not None and outcome.readiness.exited
     assert outcome.diagnosis is not None and outcome.diagnosis.key == key, said
     assert outcome.readiness.elapsed_s < 10
@@ -176,17 +198,18 @@ def test_a_misspelt_server_flag_fails_as_on_the_node(docker_client: docker.Docke
                                                     container_name: str, tmp_path: Path) -> None:
     """sglang 0.5.9's parser refuses it with exit 2 and these words (run in the real image:
     tests/image/test_stand_in_parser.py); the stand-in does the same, and serve names it."""
-    host = lab_host(tmp_path, flags={"--tp-size": 2, "--disable-radix-cahce": True})
-    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    _host, outcome, said = start_on_free_port(
+        lambda port: lab_host(tmp_path, port=port, flags={"--tp-size": 2, "--disable-radix-cahce": True}),
+        docker_client, fake_image, container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "bad_argument", said
     assert outcome.diagnosis.evidence == "launch_server.py: error: unrecognized arguments: --disable-radix-cahce"
 
 
 def test_missing_model_directory_is_refused_by_docker(docker_client: docker.DockerClient, fake_image: str,
                                                       container_name: str, tmp_path: Path) -> None:
-    host = lab_host(tmp_path)
-    host = host.model_copy(update={"model": host.model.model_copy(update={"path": tmp_path / "no-such-model"})})
-    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    _host, outcome, said = start_on_free_port(
+        lambda port: lab_host(tmp_path, port=port, model=tmp_path / "no-such-model"), docker_client, fake_image,
+        container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1 and outcome.diagnosis is not None
     assert outcome.diagnosis.key == "bind_source_missing" and "no-such-model" in said
     assert not docker_client.containers.list(all=True, filters={"name": container_name})
@@ -196,9 +219,8 @@ def test_empty_model_directory_fails_in_the_server(docker_client: docker.DockerC
                                                    container_name: str, tmp_path: Path) -> None:
     empty = tmp_path / "empty-model"
     empty.mkdir()
-    host = lab_host(tmp_path)
-    host = host.model_copy(update={"model": host.model.model_copy(update={"path": empty})})
-    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path))
+    _host, outcome, said = start_on_free_port(lambda port: lab_host(tmp_path, port=port, model=empty), docker_client,
+                                              fake_image, container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1 and outcome.diagnosis is not None and outcome.diagnosis.key == "model_dir_empty", said
 
 
@@ -206,7 +228,8 @@ def test_unlimited_memlock_refused_is_diagnosed(docker_client: docker.DockerClie
                                                 container_name: str, tmp_path: Path, memlock_bytes: int) -> None:
     if memlock_bytes == -1:
         pytest.skip("this Docker can raise memlock to unlimited: nothing to refuse")
-    outcome, said = start(lab_host(tmp_path), fake_image, container_name, gpu_nodes(tmp_path), memlock=-1)
+    _host, outcome, said = start_on_free_port(lambda port: lab_host(tmp_path, port=port), docker_client, fake_image,
+                                              container_name, gpu_nodes(tmp_path), memlock=-1)
     assert outcome.exit_code == 1 and outcome.diagnosis is not None
     assert outcome.diagnosis.key == "memlock_not_permitted" and "privileged" in said
     assert not docker_client.containers.list(all=True, filters={"name": container_name})
@@ -218,8 +241,9 @@ def test_forwarded_engine_is_probed_from_inside_the_container(docker_client: doc
     # is published on the node, not here: readiness must be asked from inside the container. The
     # server's access log tells the two apart: inside, the probe comes from 127.0.0.1; from here it
     # would come through Docker's bridge.
-    host = lab_host(tmp_path)
-    outcome, said = start(host, fake_image, container_name, gpu_nodes(tmp_path), timeout_s=60, engine_is_local=False)
+    _host, outcome, said = start_on_free_port(lambda port: lab_host(tmp_path, port=port), docker_client, fake_image,
+                                              container_name, gpu_nodes(tmp_path), timeout_s=60,
+                                              engine_is_local=False)
     assert outcome.exit_code == 0, said
     log = docker_client.containers.get(container_name).logs().decode()
     probes = [line for line in log.splitlines() if "GET /health_generate" in line]
@@ -231,7 +255,8 @@ def test_foreign_container_with_the_servers_name_survives(docker_client: docker.
     """Someone's own container under the server's name: not removed, not restarted; one line says so."""
     theirs = docker_client.containers.run(fake_image, ["sleep", "600"], name=container_name, detach=True,
                                           labels={"owner": "someone else"})
-    outcome, said = start(lab_host(tmp_path), fake_image, container_name, gpu_nodes(tmp_path))
+    with closed_port() as port:  # never published: the name clash stops the start first
+        outcome, said = start(lab_host(tmp_path, port=port), fake_image, container_name, gpu_nodes(tmp_path))
     assert outcome.exit_code == 1
     text = " ".join(said.split())  # the test console wraps at 200 columns
     assert text.count("gpunode did not start") == 1 and f"named {container_name} (image {fake_image}, running)" in text

@@ -2,7 +2,8 @@
 sglang_server.py, and ``python3 -m sglang.bench_serving``, bench_serving.py), as the tests run it:
 ``shim/`` holds a package named ``sglang`` whose ``launch_server`` and ``bench_serving`` modules run
 them, so the real command lines work unchanged with ``PYTHONPATH=<standin>/shim``; process.py runs
-the server as a local process."""
+the server as a local process (through held_socket_server.py, on a socket bound by the test), and
+ports.py gives every test its ports."""
 
 from gpunode.lab.contract import STANDIN
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import io
 import shutil
-import socket
 import subprocess
+import sys
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -29,15 +30,43 @@ from gpunode.image.base import BaseDigest, ensure_registry_base
 from gpunode.image.bases import parse
 from gpunode.image.context import LABEL_PREFIX
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ports import PortTaken, on_free_port  # noqa: E402 - tests/ put on the path just above
+
 pytestmark = pytest.mark.image
 
 DEVEL = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def start_registry(binary: str, folder: Path, port: int) -> tuple[subprocess.Popen[bytes], int]:
+    """docker-registry on 127.0.0.1:``port``, answering its API; PortTaken when the port was taken
+    before it bound it (it binds the port itself, so the port cannot be handed over bound)."""
+    config = folder / f"config-{port}.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
+                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    log = folder / f"registry-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            said = log.read_text(errors="replace")
+            if "address already in use" in said:
+                raise PortTaken(port, said.strip().splitlines()[-1])
+            pytest.fail(f"docker-registry exited ({process.returncode}) on 127.0.0.1:{port}: {said[-2000:]}")
+        try:
+            # The registry's own answer, not just an open port: another server could hold the port.
+            with DIRECT.open(f"http://127.0.0.1:{port}/v2/", timeout=5) as answer:
+                if answer.headers.get("Docker-Distribution-Api-Version", "").startswith("registry/2"):
+                    return process, port
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            process.terminate()
+            process.wait(timeout=10)
+            pytest.fail(f"docker-registry did not answer on 127.0.0.1:{port}: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +76,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if binary is None:
         pytest.fail("docker-registry is not installed (scripts/setup installs it)")
     folder = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    config = folder / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
-                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n")
-    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process, port = on_free_port(lambda port: start_registry(binary, folder, port))
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    pytest.fail(f"docker-registry did not listen on 127.0.0.1:{port}")
-                time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
         process.terminate()

@@ -1,19 +1,27 @@
 from __future__ import annotations
 
 import json
-import os
+import sys
+from pathlib import Path
 
 import pytest
 
 import gpunode.lab as lab
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ci import CiValueError, under_ci  # noqa: E402 - tests/ put on the path just above
+
 
 @pytest.fixture(scope="session")
 def lab_status() -> dict[str, object]:
-    """The lab's status; skips (or, under CI=true, fails) when the lab is not up."""
+    """The lab's status; skips (or, under CI, fails) when the lab is not up."""
+    try:
+        ci = under_ci()
+    except CiValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
     st = lab.status()
     if not st.get("up"):
-        if os.environ.get("CI") == "true":
+        if ci:
             pytest.fail(f"lab is not up under CI: .ci/run must run `gpunode lab up`; status: {json.dumps(st, default=str)}")
         pytest.skip("lab is not up: run `gpunode lab up` (needs root)")
     return st

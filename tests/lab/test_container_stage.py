@@ -10,6 +10,7 @@ import hashlib
 import json
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ import pytest
 
 import gpunode.lab as lab
 from gpunode.container.client import Connection, PveClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
@@ -198,12 +202,14 @@ def test_foreign_container_refused_then_adopted(gpunode, fresh_container: None) 
 
 
 def test_refused_api_is_unreachable(gpunode, tmp_path: Path) -> None:
-    hosts = variant(tmp_path, "url: https://127.0.0.2:8006", "url: https://127.0.0.2:9")
-    rc, summary, stderr = run(gpunode, hosts=hosts)  # how fast: benchmarks/bad_input.py
-    assert rc == 3
-    assert summary["failures"][0]["message"].startswith("unreachable: Proxmox API https://127.0.0.2:9 unreachable")
-    rc, _, stderr = live_owner(gpunode, hosts)
-    assert rc == 3 and stderr.startswith("error: pve-lab: Proxmox API https://127.0.0.2:9 unreachable")
+    with closed_port(lab.PVE_HOST) as port:  # on the lab's API address, held closed for the test
+        api = f"https://{lab.PVE_HOST}:{port}"
+        hosts = variant(tmp_path, f"url: {lab.PVE_URL}", f"url: {api}")
+        rc, summary, stderr = run(gpunode, hosts=hosts)  # how fast: benchmarks/bad_input.py
+        assert rc == 3
+        assert summary["failures"][0]["message"].startswith(f"unreachable: Proxmox API {api} unreachable")
+        rc, _, stderr = live_owner(gpunode, hosts)
+    assert rc == 3 and stderr.startswith(f"error: pve-lab: Proxmox API {api} unreachable")
     assert len(stderr.strip().splitlines()) == 1
 
 

@@ -1,7 +1,7 @@
 """The local lab (gpunode.lab) stands in for a Proxmox host with GPUs: check that it really does.
 
-Needs the lab up (`gpunode lab up`, as root); skipped otherwise, except under CI=true where a lab
-that is not up is a failure.
+Needs the lab up (`gpunode lab up`, as root); skipped otherwise, except under CI (CI=1, true or
+yes: tests/fakes/ci.py) where a lab that is not up is a failure.
 """
 
 from __future__ import annotations

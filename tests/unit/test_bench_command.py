@@ -21,6 +21,7 @@ from gpunode.smoke import bench as smoke_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes import SHIM  # noqa: E402 - tests/ put on the path just above
+from fakes.ports import closed_port  # noqa: E402
 from fakes.process import fake_server, model_dir  # noqa: E402
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "h200_sampler_load.json"
@@ -105,7 +106,7 @@ def test_sweep_writes_a_line_per_level_and_the_report(tmp_path: Path, server: st
 
 
 def test_plots(tmp_path: Path, server: str) -> None:
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401 - declared (the bench extra): a broken install fails, never skips
     results = tmp_path / "results"
     code = bench(server, "glm-5", [1, 2], 16, 8, runner_for(tmp_path), ReplaySampler(recorded_phase("large_gemm")),
                  None, None, None, results, api_key="bench-key", out=io.StringIO())
@@ -211,8 +212,9 @@ class Unavailable:
 
 def test_a_runner_that_cannot_run_is_an_environment_problem(tmp_path: Path) -> None:
     runner, results = Unavailable(), tmp_path / "results"
-    code = bench("http://127.0.0.1:9", "glm-5", [1, 2, 4], 16, 8, runner, ReplaySampler(recorded_phase("idle")),
-                 None, None, None, results, out=io.StringIO())
+    with closed_port() as port:  # nothing answers there
+        code = bench(f"http://127.0.0.1:{port}", "glm-5", [1, 2, 4], 16, 8, runner,
+                     ReplaySampler(recorded_phase("idle")), None, None, None, results, out=io.StringIO())
     assert code == command.EXIT_ENVIRONMENT and runner.calls == 1
     (line,) = read_lines(results)
     assert "could not run: Docker at the default socket is unreachable" in line["gpunode"]["error"]

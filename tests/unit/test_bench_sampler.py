@@ -1,13 +1,17 @@
 """The NVML sampler against a stand-in pynvml: fixed interval, refusals recorded as None, no crash;
-and where NVML is absent (this machine) it says so."""
+and where NVML is absent (this machine) it says so.
+
+The sampler's threads run for real, on virtual time (tests/fakes/clock.py): the sampler's clock is
+the test's, and its waits pass virtual time, so each tick lands exactly where the sampler's own
+arithmetic puts it, however loaded the machine. How fast real sampling is: benchmarks/bench_sampler_gpu.py.
+Runs end off the tick grid (0.625 s at 0.05 s), so stopping never ties with a tick.
+"""
 
 from __future__ import annotations
 
-import itertools
+import sys
 import threading
-import time
-import types
-from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,103 +19,70 @@ import pytest
 from gpunode.bench import sampler as sampler_mod
 from gpunode.bench.sampler import NvmlSampler, SampleSet, UnavailableSampler, open_sampler
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.clock import VirtualClock, VirtualEvent  # noqa: E402 - tests/ put on the path just above
+from fakes.nvml import fake_nvml  # noqa: E402
 
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return {3: "Not Supported", 15: "GPU is lost", 12: "NVML Shared Library Not Found"}.get(self.value, "Unknown")
+INTERVAL_S = 0.05
 
 
-def fake_nvml(gpus: int = 2, *, unsupported: Collection[str] = (), flaky: Collection[str] = (),
-              init_error: int | None = None, pcie_delay_s: float = 0.0, instant_refused: bool = False,
-              raise_other: Collection[str] = ()) -> Any:
-    """A pynvml with the calls the sampler makes. ``unsupported`` names raise Not Supported,
-    ``flaky`` raise GPU-is-lost every other call, ``raise_other`` raise a non-NVML error."""
-    calls: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def api(name: str, result: Any) -> Any:
-        def fn(*args: Any) -> Any:
-            with lock:
-                calls[name] = calls.get(name, 0) + 1
-                count = calls[name]
-            if name in unsupported:
-                raise NVMLError(3)
-            if name in raise_other:
-                raise RuntimeError("binding broke")
-            if name in flaky and count % 2 == 0:
-                raise NVMLError(15)
-            return result(*args) if callable(result) else result
-        return fn
-
-    def init() -> None:
-        if init_error is not None:
-            raise NVMLError(init_error)
-
-    def pcie(handle: int, kind: int) -> int:
-        time.sleep(pcie_delay_s)
-        return 1_000_000 if kind == 1 else 2000  # KB/s: RX 1 GB/s, TX 2 MB/s
-
-    def fields(handle: int, ids: list[int]) -> list[Any]:
-        value = types.SimpleNamespace(uiVal=650_000, dVal=0.0)
-        return [types.SimpleNamespace(nvmlReturn=3 if instant_refused else 0, valueType=1, value=value)]
-
-    module = types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_ERROR_NOT_SUPPORTED=3, NVML_ERROR_FUNCTION_NOT_FOUND=13, NVML_CLOCK_SM=1,
-        NVML_TEMPERATURE_GPU=0, NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1, NVML_FI_DEV_POWER_INSTANT=186,
-        nvmlInit=init, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: gpus,
-        nvmlDeviceGetHandleByIndex=lambda index: index,
-        nvmlSystemGetDriverVersion=api("driver", "580.159.04"),
-        nvmlDeviceGetName=api("name", "NVIDIA H200"), nvmlDeviceGetUUID=api("uuid", lambda h: f"GPU-{h}"),
-        nvmlDeviceGetPciInfo=api("pci", lambda h: types.SimpleNamespace(busId=f"00000000:0{h}:00.0")),
-        nvmlDeviceGetEnforcedPowerLimit=api("power_limit", 700_000),
-        nvmlDeviceGetMaxClockInfo=api("max_clock", 1980),
-        nvmlDeviceGetMemoryInfo=api("memory", types.SimpleNamespace(total=141 * 2**30, used=2 * 2**30)),
-        nvmlDeviceGetPowerUsage=api("power", 350_000),
-        nvmlDeviceGetFieldValues=api("fields", fields),
-        nvmlDeviceGetUtilizationRates=api("utilization", types.SimpleNamespace(gpu=100, memory=40)),
-        nvmlDeviceGetClockInfo=api("clock", 1755),
-        nvmlDeviceGetTemperature=api("temperature", 51),
-        nvmlDeviceGetCurrentClocksEventReasons=api("reasons", 0x4),
-        nvmlDeviceGetPcieThroughput=api("pcie", pcie),
-    )
-    module.calls = calls
-    return module
+def grid(count: int, start: int = 0) -> list[float]:
+    """The tick times a fixed grid gives: k * interval."""
+    return [round(k * INTERVAL_S, 4) for k in range(start, start + count)]
 
 
-def run_for(sampler: NvmlSampler, seconds: float) -> SampleSet:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """Virtual time as the sampler module's ``time`` (monotonic, perf_counter, time)."""
+    virtual = VirtualClock()
+    monkeypatch.setattr(sampler_mod, "time", virtual)
+    return virtual
+
+
+def run_for(sampler: NvmlSampler, clock: VirtualClock, seconds: float) -> SampleSet:
+    """Start, let ``seconds`` of virtual time pass, stop."""
+    clock.adopt([threading.current_thread()])  # hold time back until this thread sleeps
+    sampler._stop = VirtualEvent(clock)  # the sampler waits on its stop event: on the same clock
     sampler.start()
-    time.sleep(seconds)
+    clock.adopt(sampler._threads)
+    clock.sleep(seconds)
+    # Set before leaving the clock (stop() sets it again): no tick can slip in between.
+    sampler._stop.set()
+    clock.leave()
     return sampler.stop()
 
 
-def test_samples_every_gpu_at_the_interval() -> None:
-    result = run_for(NvmlSampler(0.05, fake_nvml(2)), 0.6)
+def test_samples_every_gpu_at_the_interval(clock: VirtualClock) -> None:
+    result = run_for(NvmlSampler(INTERVAL_S, fake_nvml(2)), clock, 0.625)
     assert result.available and result.driver_version == "580.159.04"
     assert [g.name for g in result.gpus] == ["NVIDIA H200", "NVIDIA H200"]
     assert result.gpus[0].power_limit_w == 700.0 and result.gpus[1].uuid == "GPU-1"
     assert result.gpus[0].max_sm_clock_mhz == 1980 and result.gpus[0].memory_total_mib == 141 * 1024
-    ticks = sorted({s.t for s in result.samples})
-    assert 6 <= len(ticks) <= 14  # 0.6 s at 0.05 s (slack for a loaded machine)
-    gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert max(gaps) < 0.16  # a fixed grid, not drifting by the read time
-    assert {s.gpu for s in result.samples} == {0, 1}
+    # Every GPU at every tick of the grid, the first at once: 0, 0.05, ... 0.6.
+    assert [(s.t, s.gpu) for s in result.samples] == [(t, gpu) for t in grid(13) for gpu in (0, 1)]
     first = result.samples[0]
     assert (first.power_w, first.power_instant_w, first.util_gpu, first.util_mem, first.sm_clock_mhz,
             first.mem_used_mib, first.temp_c, first.reasons) == (350.0, 650.0, 100, 40, 1755, 2048.0, 51, 0x4)
     assert result.reason_names(first) == ["sw_power_cap"]
     assert result.pcie and result.pcie[0].rx_mbps == 1000.0 and result.pcie[0].tx_mbps == 2.0
+    assert sorted({p.t for p in result.pcie}) == grid(13)  # quick PCIe reads: at the tick interval too
     assert result.unsupported == {} and result.errors == []
-    assert "power" in result.call_ms and result.duration_s >= 0.6
+    assert "power" in result.call_ms and result.duration_s == 0.625
 
 
-def test_not_supported_is_none_and_not_asked_again() -> None:
+def test_a_slow_read_skips_ticks_instead_of_bunching_them(clock: VirtualClock) -> None:
+    """The third power read takes 0.12 s (0.1 to 0.22): the ticks at 0.15 and 0.2 are missed, the
+    next is the grid's 0.25, and the grid never drifts by the read time."""
+    nvml = fake_nvml(1, sleep=clock.sleep, slow={("power", 3): 0.12})
+    result = run_for(NvmlSampler(INTERVAL_S, nvml, pcie=False), clock, 0.425)
+    assert [s.t for s in result.samples] == grid(3) + grid(4, start=5)
+    assert result.errors == []
+
+
+def test_not_supported_is_none_and_not_asked_again(clock: VirtualClock) -> None:
     nvml = fake_nvml(1, unsupported={"pcie", "temperature", "power_limit"}, instant_refused=True)
-    result = run_for(NvmlSampler(0.05, nvml), 0.4)
-    assert result.available and result.samples
+    result = run_for(NvmlSampler(INTERVAL_S, nvml), clock, 0.425)
+    assert result.available and [s.t for s in result.samples] == grid(9)
     assert all(s.temp_c is None and s.power_instant_w is None for s in result.samples)
     assert all(s.power_w == 350.0 for s in result.samples)
     assert result.gpus[0].power_limit_w is None
@@ -119,45 +90,52 @@ def test_not_supported_is_none_and_not_asked_again() -> None:
                                        "gpu0.power_instant"}
     assert result.unsupported["gpu0.temperature"] == "Not Supported"
     assert nvml.calls["temperature"] == 1 and nvml.calls["pcie"] == 1  # asked once, then left alone
+    assert nvml.calls["fields"] == 1  # a field value refused once is not asked for again either
     assert result.pcie == [] and result.errors == []
 
 
-def test_other_errors_are_counted_and_sampling_goes_on() -> None:
-    result = run_for(NvmlSampler(0.05, fake_nvml(1, flaky={"power"}, raise_other={"clock"})), 0.4)
-    powers = [s.power_w for s in result.samples]
-    assert None in powers and 350.0 in powers  # every other read lost, the rest kept
+def test_other_errors_are_counted_and_sampling_goes_on(clock: VirtualClock) -> None:
+    result = run_for(NvmlSampler(INTERVAL_S, fake_nvml(1, flaky={"power"}, raise_other={"clock"})), clock, 0.425)
+    # Every other read lost (NVML's GPU-is-lost), the rest kept, at every tick.
+    assert [s.power_w for s in result.samples] == [350.0, None] * 4 + [350.0]
     assert all(s.sm_clock_mhz is None for s in result.samples)
-    assert any("GPU is lost" in e for e in result.errors) and any("binding broke" in e for e in result.errors)
+    lost = [e for e in result.errors if "GPU is lost" in e]
+    broke = [e for e in result.errors if "binding broke" in e]
+    assert len(lost) == 4 and len(broke) == 9 and len(result.errors) == 13
     assert not result.unsupported
 
 
-def test_a_missing_function_is_unsupported() -> None:
+def test_a_missing_function_is_unsupported(clock: VirtualClock) -> None:
     nvml = fake_nvml(1)
     del nvml.nvmlDeviceGetFieldValues
     del nvml.nvmlDeviceGetCurrentClocksEventReasons  # an older library: the Throttle name is tried
     nvml.nvmlDeviceGetCurrentClocksThrottleReasons = lambda handle: 0x1
-    result = run_for(NvmlSampler(0.05, nvml), 0.2)
+    result = run_for(NvmlSampler(INTERVAL_S, nvml), clock, 0.225)
     assert result.unsupported["gpu0.power_instant"] == "not in this nvidia-ml-py"
-    assert all(s.reasons == 0x1 for s in result.samples)
+    assert len(result.samples) == 5 and all(s.reasons == 0x1 for s in result.samples)
 
 
-def test_slow_pcie_reads_do_not_slow_the_ticks() -> None:
+def test_slow_pcie_reads_do_not_slow_the_ticks(clock: VirtualClock) -> None:
     # NVML's PCIe counter takes ~20 ms a call: 2 GPUs x 2 calls x 60 ms here, longer than a tick.
-    result = run_for(NvmlSampler(0.05, fake_nvml(2, pcie_delay_s=0.06)), 0.6)
-    ticks = sorted({s.t for s in result.samples})
-    assert len(ticks) >= 6
-    assert 2 <= len(result.pcie) <= 6  # one per 2 x 60 ms, on its own thread
+    nvml = fake_nvml(2, pcie_delay_s=0.06, sleep=clock.sleep)
+    result = run_for(NvmlSampler(INTERVAL_S, nvml), clock, 0.625)
+    assert sorted({s.t for s in result.samples}) == grid(13)  # every tick, on the grid
+    # On its own thread, GPU after GPU, each read 2 x 60 ms; the one under way at the stop is finished.
+    assert [(p.t, p.gpu) for p in result.pcie] == [(0.0, 0), (0.12, 1), (0.24, 0), (0.36, 1), (0.48, 0), (0.6, 1)]
+    assert result.call_ms["pcie_throughput"] == 60.0 and result.errors == []
 
 
-def test_restartable_between_levels() -> None:
-    sampler = NvmlSampler(0.05, fake_nvml(1))
-    first, second = run_for(sampler, 0.2), run_for(sampler, 0.2)
-    assert first.samples and second.samples and first is not second
-    assert min(s.t for s in second.samples) < 0.05  # the clock restarts per level
+def test_restartable_between_levels(clock: VirtualClock) -> None:
+    sampler = NvmlSampler(INTERVAL_S, fake_nvml(1))
+    first, second = run_for(sampler, clock, 0.225), run_for(sampler, clock, 0.225)
+    assert first is not second
+    # The clock restarts per level: the second set's ticks are the same grid, from 0.
+    assert [s.t for s in first.samples] == [s.t for s in second.samples] == grid(5)
+    assert second.started_at > first.started_at
 
 
-def test_init_failure_is_a_set_that_says_why() -> None:
-    result = run_for(NvmlSampler(0.05, fake_nvml(1, init_error=12)), 0.0)
+def test_init_failure_is_a_set_that_says_why(clock: VirtualClock) -> None:
+    result = run_for(NvmlSampler(INTERVAL_S, fake_nvml(1, init_error=12)), clock, 0.0)
     assert not result.available and "NVML did not start" in result.reason
     with pytest.raises(ValueError):
         NvmlSampler(0)
@@ -181,22 +159,23 @@ def test_open_sampler_paths() -> None:
     assert isinstance(broken, UnavailableSampler) and "NVML did not start" in broken.reason
 
 
-def test_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch, clock: VirtualClock) -> None:
     def missing() -> Any:
         raise ImportError("No module named 'pynvml'")
 
     monkeypatch.setattr(sampler_mod, "import_nvml", missing)
     chosen = open_sampler()
     assert isinstance(chosen, UnavailableSampler) and "nvidia-ml-py" in chosen.reason
-    result = run_for(NvmlSampler(0.05), 0.0)
+    result = run_for(NvmlSampler(INTERVAL_S), clock, 0.0)
     assert not result.available and "nvidia-ml-py" in result.reason
 
 
-def test_json_round_trip_and_window() -> None:
-    result = run_for(NvmlSampler(0.05, fake_nvml(1)), 0.3)
+def test_json_round_trip_and_window(clock: VirtualClock) -> None:
+    result = run_for(NvmlSampler(INTERVAL_S, fake_nvml(1)), clock, 0.325)
     again = SampleSet.from_json(result.to_json())
     assert again == result
     part = again.window(0.1, 0.2)
-    assert part.samples and all(0.1 <= s.t < 0.2 for s in part.samples)
+    assert [s.t for s in part.samples] == [0.1, 0.15]  # from t0, up to but not including t1
+    assert [p.t for p in part.pcie] == [0.1, 0.15] and part.duration_s == pytest.approx(0.1)
     with pytest.raises(ValueError):
         SampleSet.from_json({"schema": "other"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ssl
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 
 from gpunode.container import lxc
 from gpunode.container.client import Connection, PveClient, PveError, TaskFailed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
 
 NODE = "pve1"
 GPUS = ["/dev/nvidia0", "/dev/nvidia1"]
@@ -360,17 +364,13 @@ def test_operators_own_tags_and_lines_are_left_alone(fakepve: Any, conn: Connect
 
 def test_refused_connection_is_unreachable(fakepve_cafile: str) -> None:
     """Not retried as a whole (how fast: benchmarks/bad_input.py)."""
-    import socket
-
     from gpunode.container.client import PveUnreachable
 
-    with socket.socket() as probe:  # a port that nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    client = PveClient(Connection(url=f"https://127.0.0.1:{port}", node=NODE, password="x", ca_file=fakepve_cafile),
-                       sleep=lambda _: None)
-    with pytest.raises(PveUnreachable, match=f"Proxmox API https://127.0.0.1:{port} unreachable"):
-        lxc.ensure(client, NODE, desired())
+    with closed_port() as port:  # held by this test, never listening: every connection is refused
+        client = PveClient(Connection(url=f"https://127.0.0.1:{port}", node=NODE, password="x",
+                                      ca_file=fakepve_cafile), sleep=lambda _: None)
+        with pytest.raises(PveUnreachable, match=f"Proxmox API https://127.0.0.1:{port} unreachable"):
+            lxc.ensure(client, NODE, desired())
     # One login try plus the client's unreachable retries; ensure() did not start over.
     assert client.counts["POST"] == 1 + client.conn.unreachable_retries
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from gpunode.paths import ANSIBLE_CFG
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,12 +30,6 @@ def run_module(name: str, args: dict, tmp_path: Path) -> dict:
     # minimal callback: "localhost | FAILED! => {...}" (or SUCCESS)
     head, _, body = result.stdout.partition(" => ")
     return {**json.loads(body), "failed": "FAILED" in head}
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 LXC_ARGS = {"node": "pve1", "password": "not-the-real-password", "config": {"vmid": 200, "hostname": "glm5"},
@@ -54,15 +50,16 @@ def test_stage_module_names_what_is_wrong_with_its_host_data(tmp_path: Path) -> 
 
 
 def test_lxc_module_names_an_unreadable_keys_file(tmp_path: Path) -> None:
-    res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{closed_port()}",
-                                     "ssh_public_keys_file": str(tmp_path / "missing.pub")}, tmp_path)
+    with closed_port() as port:  # nothing answers there, should the module call the API at all
+        res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}",
+                                         "ssh_public_keys_file": str(tmp_path / "missing.pub")}, tmp_path)
     assert res["failed"] and res["msg"] == (f"container.ssh_public_keys: cannot read {tmp_path / 'missing.pub'}: "
                                             "No such file or directory; nothing was changed")
 
 
 def test_lxc_module_says_unreachable(tmp_path: Path) -> None:
-    port = closed_port()
-    res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}"}, tmp_path)
+    with closed_port() as port:
+        res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}"}, tmp_path)
     assert res["failed"] and res["gpunode_unreachable"] is True
     assert res["msg"].startswith(f"Proxmox API https://127.0.0.1:{port} unreachable: ConnectionError")
 

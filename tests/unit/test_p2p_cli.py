@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import threading
-import time
+import types
 from pathlib import Path
 
 import pytest
@@ -96,22 +96,29 @@ def test_multicast_stays_off_in_the_environment_it_builds() -> None:
     assert environ == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def test_progress_reports_a_step_that_overruns() -> None:
+def test_progress_reports_a_step_that_overruns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The step's age on Progress's own clock (measure's time.monotonic), moved by the test; the step
+    # runs in a thread of its own, as a measurement does beside the watchdog.
+    now = [1000.0]
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     progress = measure.Progress()
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def stuck() -> None:
         with progress.step("cuda:0->cuda:1 unidirectional"):
-            release.wait(5)
+            entered.set()
+            release.wait(60)
 
     worker = threading.Thread(target=stuck)
     worker.start()
-    time.sleep(0.05)
+    assert entered.wait(60)
+    assert progress.overdue(0.01) is None  # just begun
+    now[0] += 0.05
     assert progress.overdue(10) is None
     assert progress.overdue(0.01) == "cuda:0->cuda:1 unidirectional"
     release.set()
-    worker.join()
-    assert progress.overdue(0) is None
+    worker.join(60)
+    assert not worker.is_alive() and progress.overdue(0) is None
 
 
 def test_method_sampling() -> None:

@@ -66,6 +66,6 @@ def test_local_runner_missing_tokenizer_and_timeout(tmp_path: Path) -> None:
         run = runner.run(lambda path: bench.bench_command(url, "glm-5", runner.tokenizer, path), {}, 60)
         assert run.returncode != 0 and "Can't load tokenizer" in run.output_tail and run.jsonl is None
         slow = bench.LocalBenchRunner(str(model_dir(tmp_path)), python=[sys.executable, "-c",
-                                                                       "import time; time.sleep(5)"])
+                                                                       "import time; time.sleep(60)"])
         late = slow.run(lambda path: ["python3", "--ignored"], {}, 0.5)
     assert late.returncode == 124 and "timed out" in late.output_tail

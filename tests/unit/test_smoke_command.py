@@ -17,7 +17,8 @@ from gpunode.smoke.command import smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes import SHIM  # noqa: E402 - tests/ put on the path just above
-from fakes.process import fake_server, model_dir  # noqa: E402
+from fakes.ports import closed_port  # noqa: E402
+from fakes.process import fake_server, model_dir, wait_port  # noqa: E402
 
 KEY = "smoke-key-0123456789"
 
@@ -102,18 +103,15 @@ def test_server_not_ready_skips_the_rest(tmp_path: Path) -> None:
 
 
 def test_still_warming_up_is_not_ready(tmp_path: Path) -> None:
-    with fake_server(tmp_path, env={"FAKE_SGLANG_WARMUP_S": "30"}, wait=False) as (_process, url):
-        from fakes.process import wait_port
-
-        wait_port(int(url.rsplit(":", 1)[1]))
+    with fake_server(tmp_path, env={"FAKE_SGLANG_WARMUP_S": "30"}, wait=False) as (process, url):
+        wait_port(int(url.rsplit(":", 1)[1]), process=process)
         code, report = run_smoke(url, None)
     assert code == 1 and "server not ready: HTTP 503" in by_name(report)["health"]["detail"]
 
 
 def test_nothing_listening(tmp_path: Path) -> None:
-    from fakes.process import free_port
-
-    code, report = run_smoke(f"http://127.0.0.1:{free_port()}", None)
+    with closed_port() as port:
+        code, report = run_smoke(f"http://127.0.0.1:{port}", None)
     assert code == 1 and "cannot connect" in by_name(report)["health"]["detail"]
 
 
@@ -153,9 +151,9 @@ def test_bench_runner_that_cannot_run_is_an_environment_problem(tmp_path: Path) 
 def test_bench_goes_to_the_runners_server_url(tmp_path: Path) -> None:
     # On a node the HTTP checks go through an SSH forward while the bench runs on the node itself:
     # the runner's server_url, not the checks' URL, is where the bench must go.
-    with fake_server(tmp_path) as (_process, url):
+    with fake_server(tmp_path) as (_process, url), closed_port() as nowhere:
         elsewhere = local_runner(tmp_path)
-        elsewhere.server_url = "http://127.0.0.1:9"  # discard port: nothing answers
+        elsewhere.server_url = f"http://127.0.0.1:{nowhere}"  # nothing answers there
         code, report = run_smoke(url, elsewhere)
         assert code == 1 and by_name(report)["models"]["status"] == "pass"
         assert by_name(report)["bench"]["status"] == "fail"

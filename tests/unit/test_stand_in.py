@@ -4,13 +4,15 @@ real parser in the built image)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
+import socket
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,23 +72,79 @@ def test_without_parser_flags_reasoning_and_tool_calls_stay_text(tmp_path: Path)
         assert chat["choices"][0]["message"]["reasoning_content"] and chat["choices"][0]["message"]["content"] == "42"
 
 
+# A stream of this many tokens is ~27 MB (each item carries the whole text so far): far more than a
+# socket's buffers hold (Linux's default send buffer tops out at 4 MB, and the test's receive buffer
+# is set to a few KB), so a server whose client stops reading blocks with the request in flight.
+STREAM_TOKENS = 2000
+
+
+class HeldStream:
+    """A streamed /generate whose first item has been read: the request is in flight, and stays so
+    until ``finish()`` reads the rest (the server blocks on the full socket meanwhile)."""
+
+    def __init__(self, url: str, tokens: int) -> None:
+        port = int(url.rsplit(":", 1)[1])
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: no autotuning
+        sock.connect(("127.0.0.1", port))
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.connection.sock = sock
+        body = {"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": tokens}}
+        self.connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+        self.response = self.connection.getresponse()
+        assert self.response.status == 200
+        self.first = self._item(self.response.readline())
+
+    @staticmethod
+    def _item(line: bytes) -> dict:
+        assert line.startswith(b"data: "), line[:80]
+        return json.loads(line[len(b"data: "):])
+
+    def finish(self) -> tuple[dict, bool]:
+        """The last item, and whether the stream ended with [DONE]."""
+        last, done = self.first, False
+        for line in self.response:
+            if line.startswith(b"data: [DONE]"):
+                done = True
+            elif line.startswith(b"data: "):
+                last = self._item(line)
+        self.connection.close()
+        return last, done
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll for an event; the timeout only keeps a broken server from hanging the suite."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not seen in {timeout_s:.0f} s"
+        time.sleep(0.02)
+
+
 def test_sigterm_drains_in_flight_requests_while_health_answers_503(tmp_path: Path) -> None:
-    env = {"FAKE_SGLANG_TOKEN_S": "0.01", "FAKE_SGLANG_DRAIN_TICK_S": "0.3"}
+    """Ordered by the server's own events, not by sleeps: the request is in flight (its first item
+    came back, the rest waits on the test), SIGTERM starts the drain, which logs the request as
+    remaining; health answers 503 while the process lives on; the request then completes and the
+    drain exits 0."""
+    env = {"FAKE_SGLANG_TOKEN_S": "0", "FAKE_SGLANG_DRAIN_TICK_S": "0.3"}
     with fake_server(tmp_path, env=env) as (process, url):
-        done: dict = {}
-        slow = threading.Thread(target=lambda: done.update(post(url, "/generate", {
-            "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 150}})))
-        slow.start()
-        time.sleep(0.3)
+        stream = HeldStream(url, STREAM_TOKENS)
+        assert stream.first["meta_info"]["completion_tokens"] == 1
         process.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
+        # The drain thread starts once the server is draining; its tick counts the held request.
+        until(lambda: "Gracefully exiting... Remaining number of requests 1." in process.log_path.read_text(),
+              "the drain counting the in-flight request")
         assert status(url, "/health") == 503 and status(url, "/health_generate") == 503
         assert process.proc.poll() is None  # still finishing the request
-        slow.join(timeout=30)
-        assert done["meta_info"]["completion_tokens"] == 150  # the in-flight request was finished
-        assert process.proc.wait(timeout=10) == 0
-        log = process.log_text()
-    assert "SIGTERM received. signum=None frame=None. Draining requests and shutting down..." in log
-    assert "Health check request received during shutdown. Returning 503." in log
-    assert "Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=[" in log
-    assert "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]." in log
+        last, done = stream.finish()
+        assert last["meta_info"]["completion_tokens"] == STREAM_TOKENS and done  # finished, not cut off
+        assert process.proc.wait(timeout=30) == 0
+        log = process.log_path.read_text().splitlines()
+
+    def first(text: str) -> int:
+        return next(index for index, line in enumerate(log) if text in line)
+
+    sigterm = first("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+    remaining = first("Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=[")
+    health = first("Health check request received during shutdown. Returning 503.")
+    drained = first("Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].")
+    assert sigterm < remaining < health < drained
