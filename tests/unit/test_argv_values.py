@@ -1,0 +1,43 @@
+"""A value never becomes an option or code: every argv gpunode builds from a host file puts a value
+inside its own option argument (``--flag=value``, ``-oName=value``) or after ``--``, and a profile's
+placeholders are filled by name from a fixed set, never evaluated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpunode import derive, engine, hostfile, profiles
+from gpunode.hostfile import Ssh
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
+
+
+def test_ssh_puts_the_destination_after_double_dash_and_each_value_inside_its_option() -> None:
+    ssh = Ssh(address="192.0.2.10", user="root", port=2222, key_file=Path("/k/id -x"), known_hosts=Path("/k/known"))
+    argv = engine.ssh_base(ssh, "-nNT", "-L/tmp/s:/var/run/docker.sock")
+    assert argv[-2:] == ["--", "root@192.0.2.10"]
+    assert argv[:2] == ["ssh", "-p2222"] and "-i/k/id -x" in argv and "-oUserKnownHostsFile=/k/known" in argv
+    # Nothing before "--" is a bare value an attacker could turn into an option of its own.
+    options = argv[1:argv.index("--")]
+    assert all(arg.startswith("-") for arg in options), options
+
+
+def test_a_flag_value_that_starts_with_a_dash_stays_inside_its_flag() -> None:
+    host = hostfile.load(EXAMPLE).hosts[0]
+    odd = host.model_copy(update={"server": host.server.model_copy(update={
+        "flags": {"--chat-template": "-oProxyCommand=touch /tmp/x", "--json-model-override-args": '{"a": 1}'}})})
+    argv = derive.server_launch(odd).argv
+    assert "--chat-template=-oProxyCommand=touch /tmp/x" in argv
+    assert '--json-model-override-args={"a": 1}' in argv  # braces that are no placeholder stay as written
+    assert all(arg.startswith("--") for arg in argv[3:]), argv
+
+
+def test_placeholders_are_filled_by_name_and_nothing_is_evaluated() -> None:
+    values = {"model_dir": "/model", "served_name": "glm-5", "bind": "127.0.0.1", "port": "30000"}
+    assert profiles.fill("{model_dir}/x:{port}", values) == "/model/x:30000"
+    for text in ("{model_dir.__class__.__mro__}", "{0}", "{}", "{port!r}", "{unknown}", "{{model_dir}}"):
+        filled = profiles.fill(text, values)
+        assert "class" not in filled or filled == text
+    assert profiles.fill("{model_dir.__class__.__mro__}", values) == "{model_dir.__class__.__mro__}"
+    assert profiles.fill("{{model_dir}}", values) == "{/model}"  # no format escapes: the name inside is filled
