@@ -61,8 +61,9 @@ def run_leaves_no_trace(result: subprocess.CompletedProcess[str], secret: str, s
     assert files_holding(secret, (state, *SCRATCH), since) == []
 
 
-def test_an_env_secret_is_in_no_output_artifact_or_scratch_file(gpunode, tmp_path: Path, password: str) -> None:
-    hosts = variant(tmp_path, "password: {env: GPUNODE_CANARY_PASS}")
+@pytest.mark.parametrize("given", ["env", "file"])
+def test_a_secret_is_in_no_output_artifact_or_scratch_file(gpunode, tmp_path: Path, password: str, given: str) -> None:
+    hosts = variant(tmp_path, "password: {env: GPUNODE_CANARY_PASS}" if given == "env" else FILE_REF)
     env = {"GPUNODE_CANARY_PASS": password}
     since = time.time() - 1
     for args in (("validate",), ("plan",), ("plan", "--json"), ("plan", "--live", "--json")):
