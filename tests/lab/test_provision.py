@@ -96,6 +96,8 @@ def test_check_mode_reports_and_changes_nothing(gpunode) -> None:
 
 def test_missing_gpu_fails_with_host_task_and_fix(gpunode, tmp_path: Path) -> None:
     hosts = _variant(tmp_path, "gpus: [0, 1]", "gpus: [0, 1, 2]")
+    # The TP size must equal the GPUs given (hostfile rule): three of each.
+    hosts.write_text(hosts.read_text().replace('"--tp-size": 2', '"--tp-size": 3', 1))
     # The container stage finds it first, on the host, before anything is written.
     result = gpunode("provision", str(hosts), timeout=600)
     assert result.returncode == 1, result.stderr
