@@ -190,7 +190,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     live: Annotated[bool, typer.Option(
         "--live", help="also read (never write) the Proxmox API: is the container's vmid free, gpunode's, "
-                       "or someone else's?")] = False,
+                       "or someone else's? Which Proxmox VE version, and what would apply at once or wait "
+                       "for the container's restart?")] = False,
 ) -> None:
     """Show what provision would do, without contacting anything (--live reads the Proxmox API)."""
     from gpunode import plan as planning

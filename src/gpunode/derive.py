@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpunode import profiles, stacks
-from gpunode.hostfile import ROUTER_NODE, Container, Host, HostFile, Ssh, worker_address
+from gpunode.hostfile import IP_NONE, ROUTER_NODE, Container, Host, HostFile, Ssh, worker_address
 from gpunode.image import aot, bases
 from gpunode.image.aot import AotPlan
 from gpunode.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NODES
@@ -57,13 +57,21 @@ def dev_entries(container: Container) -> list[DevEntry]:
 
 
 def net0(container: Container) -> str:
+    """The net0 line: IPv4 in ip=/gw=, IPv6 in ip6=/gw6= (pve-container src/PVE/LXC/Config.pm, the
+    net format); ip none leaves ip= out, as Proxmox takes a net0 without it."""
     net = container.network
-    value = f"name=eth0,bridge={net.bridge},ip={net.ip}"
+    parts = [f"name=eth0,bridge={net.bridge}"]
+    if net.ip != IP_NONE:
+        parts.append(f"ip={net.ip}")
     if net.gateway:
-        value += f",gw={net.gateway}"
+        parts.append(f"gw={net.gateway}")
+    if net.ip6:
+        parts.append(f"ip6={net.ip6}")
+    if net.gateway6:
+        parts.append(f"gw6={net.gateway6}")
     if net.vlan:
-        value += f",tag={net.vlan}"
-    return value
+        parts.append(f"tag={net.vlan}")
+    return ",".join(parts)
 
 
 def container_config(container: Container, host_name: str, with_devices: bool = True) -> dict[str, Any]:

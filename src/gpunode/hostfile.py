@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpunode import profiles
+from gpunode import profiles, sshkeys
 from gpunode.nvidia import MIN_DRIVER_SM120, MINORS, UVM_NODES
 from gpunode.paths import PACKAGE
 from gpunode import stacks
@@ -299,48 +299,123 @@ class ProxmoxApi(Strict):
         return url_text(value, "give the user as api.auth.user and the password as api.auth.password")
 
 
+# Proxmox's net0 address keys (pve-container src/PVE/LXC/Config.pm, the net format, lines 888-914):
+# ip is pve-ipv4-config and gw ipv4; ip6 is pve-ipv6-config and gw6 ipv6 (pve-common
+# src/PVE/JSONSchema.pm: pve_verify_ipv4_config line 624, pve_verify_ipv6_config line 636, their
+# prefixes checked by pve_verify_cidrv4 line 598 and pve_verify_cidrv6 line 585: 8 to 32 and 8 to
+# 128). Proxmox's manual (up, unconfigured) is left out: gpunode's node needs an address.
+IP4_MIN_PREFIX, IP6_MIN_PREFIX = 8, 8
+IP_NONE = "none"  # no IPv4 at all: ip= is left out of net0 (an IPv6-only container)
+
+
+def _cidr(value: str, version: int, key: str, example: str, forms: str) -> str:
+    """An address with its prefix, of IP ``version``, as Proxmox's CIDRv4/CIDRv6 formats take it;
+    ``forms`` says what else ``key`` takes, for a value that is no address."""
+    other = {4: ("ip6", 6), 6: ("ip", 4)}[version]
+    try:
+        iface = ipaddress.ip_interface(value)
+    except ValueError:
+        iface = None
+    if iface is not None and iface.version != version:
+        raise ValueError(f"{shown(value, quote=True)} is an IPv{other[1]} address: give it as {other[0]} (Proxmox's "
+                         f"{key} is IPv{version} only)")
+    if iface is None or "%" in value:  # Python takes a zone (fe80::1%eth0); Proxmox's IPV6RE does not
+        raise ValueError(f"{shown(value, quote=True)} is not {forms}")
+    if "/" not in value:
+        raise ValueError(f"{shown(value, quote=True)} needs a prefix length, e.g. {shown(value)}/{example.split('/')[1]}")
+    low, high = (IP4_MIN_PREFIX, 32) if version == 4 else (IP6_MIN_PREFIX, 128)
+    if not low <= iface.network.prefixlen <= high:
+        raise ValueError(f"{shown(value, quote=True)}: Proxmox takes a prefix length of {low} to {high}")
+    return str(iface)
+
+
+def _gateway_of(value: str, version: int, key: str) -> str:
+    """A gateway of IP ``version``, as Proxmox's ipv4/ipv6 formats (``key``: gw, gw6) take it."""
+    other = {4: "gateway6", 6: "gateway"}[version]
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{shown(value, quote=True)} is not an IP address") from None
+    if address.version != version:
+        raise ValueError(f"{shown(value, quote=True)} is an IPv{address.version} address: give it as {other} "
+                         f"(Proxmox's {key} is IPv{version} only)")
+    if "%" in value:
+        raise ValueError(f"{shown(value, quote=True)} has a zone: Proxmox's {key} is a plain address")
+    return str(address)
+
+
 class Network(Strict):
     bridge: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")] = "vmbr0"
-    ip: str = "dhcp"
-    gateway: str | None = None
+    ip: str = "dhcp"  # IPv4: an address with prefix, dhcp, or none (IPv6 only)
+    gateway: str | None = None  # IPv4, inside ip's network
+    ip6: str | None = None  # IPv6: an address with prefix, auto (SLAAC) or dhcp (DHCPv6)
+    gateway6: str | None = None  # IPv6, inside ip6's network or link-local (a router's fe80::)
     vlan: Annotated[int, Field(ge=1, le=4094)] | None = None
 
     @field_validator("ip")
     @classmethod
     def _ip(cls, value: str) -> str:
-        if value == "dhcp":
+        if value in ("dhcp", IP_NONE):
             return value
-        try:
-            iface = ipaddress.ip_interface(value)
-        except ValueError:
-            raise ValueError(f"{shown(value, quote=True)} is not 'dhcp' or an address with prefix like 192.0.2.20/24") from None
-        if "/" not in value:
-            raise ValueError(f"{shown(value, quote=True)} needs a prefix length, e.g. {shown(value)}/24")
-        return str(iface)
+        return _cidr(value, 4, "ip", "192.0.2.20/24",
+                     f"'dhcp' or an address with prefix like 192.0.2.20/24 (or '{IP_NONE}': no IPv4, with ip6)")
+
+    @field_validator("ip6")
+    @classmethod
+    def _ip6(cls, value: str | None) -> str | None:
+        if value is None or value in ("auto", "dhcp"):
+            return value
+        return _cidr(value, 6, "ip6", "2001:db8::20/64",
+                     "'auto' (SLAAC), 'dhcp' (DHCPv6) or an IPv6 address with prefix like 2001:db8::20/64")
 
     @field_validator("gateway")
     @classmethod
     def _gateway(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                ipaddress.ip_address(value)
-            except ValueError:
-                raise ValueError(f"{shown(value, quote=True)} is not an IP address") from None
-        return value
+        return value if value is None else _gateway_of(value, 4, "gw")
+
+    @field_validator("gateway6")
+    @classmethod
+    def _gateway6(cls, value: str | None) -> str | None:
+        return value if value is None else _gateway_of(value, 6, "gw6")
 
     @model_validator(mode="after")
     def _gateway_in_subnet(self) -> Network:
         if self.ip == "dhcp":
             if self.gateway is not None:
                 raise ValueError("gateway is set but ip is dhcp")
-            return self
-        if self.gateway and ipaddress.ip_address(self.gateway) not in ipaddress.ip_interface(self.ip).network:
+        elif self.ip == IP_NONE:
+            if self.ip6 is None:
+                raise ValueError(f"ip is {IP_NONE} and no ip6 is given: the container would have no address")
+            if self.gateway is not None:
+                raise ValueError(f"gateway is set but ip is {IP_NONE}")
+        elif self.gateway and ipaddress.ip_address(self.gateway) not in ipaddress.ip_interface(self.ip).network:
             raise ValueError(f"gateway {self.gateway} is outside {ipaddress.ip_interface(self.ip).network}")
+        if self.gateway6 is None:
+            return self
+        if self.ip6 is None:
+            raise ValueError("gateway6 is set but ip6 is not")
+        if self.ip6 in ("auto", "dhcp"):
+            raise ValueError(f"gateway6 is set but ip6 is {self.ip6}: the router's advertisements give the route")
+        gateway6, network6 = ipaddress.IPv6Address(self.gateway6), ipaddress.IPv6Interface(self.ip6).network
+        if gateway6 not in network6 and not gateway6.is_link_local:
+            raise ValueError(f"gateway6 {self.gateway6} is outside {network6} (and not link-local, fe80::/10)")
         return self
 
     @property
+    def addresses(self) -> dict[str, str]:
+        """The container's static addresses by key (ip, ip6): what is known before it starts."""
+        return {key: str(ipaddress.ip_interface(value).ip) for key, value in (("ip", self.ip), ("ip6", self.ip6))
+                if value is not None and "/" in value}
+
+    @property
     def address(self) -> str | None:
-        return None if self.ip == "dhcp" else str(ipaddress.ip_interface(self.ip).ip)
+        """The node's address for SSH: the static IPv4 one, else the static IPv6 one (a literal
+        without brackets: ssh and Ansible's ansible_host take it so)."""
+        return next(iter(self.addresses.values()), None)
+
+    def describe(self) -> str:
+        """ip and ip6 as the host file gives them, for a message."""
+        return f"ip is {self.ip}" + (f" and ip6 is {self.ip6}" if self.ip6 is not None else "")
 
 
 class Container(Strict):
@@ -642,8 +717,11 @@ class Host(Strict):
 
     @model_validator(mode="after")
     def _container_reachable(self) -> Host:
-        if self.container.ssh is None and self.container.network.address is None:
-            raise ValueError("container.network.ip is dhcp: give container.ssh.address so the node can be reached")
+        network = self.container.network
+        if self.container.ssh is None and network.address is None:
+            # Without a static address the node's is known only once it runs: ssh.address says it.
+            said = "container.network.ip is dhcp" if network.ip6 is None else f"container.network {network.describe()}"
+            raise ValueError(f"{said}: give container.ssh.address so the node can be reached")
         return self
 
     @model_validator(mode="after")
@@ -880,15 +958,31 @@ def _collisions(hf: HostFile, src: YamlSource) -> list[str]:
             problems.append(_at(src, ("hosts", index, "container", "hostname"),
                                 f"{shown(ct.hostname, quote=True)} repeats hosts[{first}]'s container on node "
                                 f"{host.api.node} of {host.api.url}: give another"))
-        if ct.network.address is not None:
-            first = addresses.setdefault(ct.network.address, index)
+        for key, address in ct.network.addresses.items():  # IPv4 and IPv6 alike
+            first = addresses.setdefault(address, index)
             # The same node address is _repeats' already.
             if first != index and hf.hosts[first].container.reach.address != ct.reach.address:
-                problems.append(_at(src, ("hosts", index, "container", "network", "ip"),
-                                    f"{ct.network.address} repeats hosts[{first}]'s container address: give another"))
+                problems.append(_at(src, ("hosts", index, "container", "network", key),
+                                    f"{address} repeats hosts[{first}]'s container address: give another"))
         if ct.reach.connection == "ssh" and host.server.port == ct.reach.port:
             problems.append(_at(src, ("hosts", index, "server", "port"), f"{host.server.port} is taken on "
                                 f"{host.name}'s node by its SSH server (container.ssh.port)"))
+    return problems
+
+
+def _keys_file_problems(hf: HostFile, src: YamlSource) -> list[str]:
+    """Each container's ssh_public_keys file, read and checked as Proxmox will check it
+    (gpunode.sshkeys). A file that is not on this machine is the container stage's to report,
+    before it sends anything: a host file may be validated where its keys are not."""
+    problems: list[str] = []
+    for index, host in enumerate(hf.hosts):
+        path = host.container.ssh_public_keys
+        if path is None or not os.path.lexists(path.expanduser()):
+            continue
+        try:
+            sshkeys.load(path.expanduser())
+        except sshkeys.KeysFileError as exc:
+            problems.append(_at(src, ("hosts", index, "container", "ssh_public_keys"), str(exc)))
     return problems
 
 
@@ -1323,7 +1417,8 @@ def parse(src: YamlSource) -> HostFile:
         hf = HostFile.model_validate(src.data)
     except ValidationError as exc:
         raise HostFileError(problems_from(exc, src)) from None
-    problems = _repeats(hf, src) + _router_problems(hf, src) + _collisions(hf, src) + _flag_problems(hf, src)
+    problems = (_repeats(hf, src) + _router_problems(hf, src) + _collisions(hf, src) + _flag_problems(hf, src)
+                + _keys_file_problems(hf, src))
     # The plan is computed only from a file that passed every other rule.
     problems = problems or _plan_problems(hf, src)
     if problems:

@@ -124,7 +124,8 @@ class HostPlan:
     image: dict[str, Any]
     server: dict[str, Any]
     stages: list[dict[str, Any]] = field(default_factory=list)
-    # Filled only by `plan --live`: whose container the vmid is (gpunode.container.live.Ownership).
+    # Filled only by `plan --live` (gpunode.container.live.Ownership): whose container the vmid is,
+    # the Proxmox VE version and what a provision would apply at once or at the restart.
     ownership: dict[str, Any] | None = None
 
 

@@ -11,6 +11,17 @@ from rich.table import Table
 from gpunode.plan import HostPlan
 
 
+def _print_live_applies(live: dict[str, Any], console: Console) -> None:
+    """plan --live: the Proxmox version's hot-plug rule, and what a provision would apply when."""
+    if not live.get("pve_version"):
+        return
+    console.print(f"  {escape(str(live['hotplug_rule']))}")
+    if live.get("devices_note"):
+        console.print(f"  a provision applies at once: {', '.join(live['applies_live']) or 'nothing'}; "
+                      f"at the restart: {', '.join(live['applies_at_restart']) or 'nothing'}")
+        console.print(f"  [dim]{escape(str(live['devices_note']))}[/dim]")
+
+
 def print_plan(plans: list[HostPlan], console: Console) -> None:
     for plan in plans:
         console.rule(f"host {plan.name}")
@@ -29,12 +40,15 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         if plan.ownership is not None:
             style = {"free": "green", "gpunode": "green", "foreign": "red"}[plan.ownership["owner"]]
             console.print(f"[{style}]live: {escape(plan.ownership['detail'])}[/{style}]")
+            _print_live_applies(plan.ownership, console)
         console.print(f"\n[bold]Container {plan.container['vmid']} (Proxmox config)[/bold]")
         for key, value in plan.container.items():
             console.print(f"  {key}: {value}")
         conditional = [rule for rule in plan.dev_rules if rule["when"] != "always"]
         for rule in conditional:
             console.print(f"  [dim]{rule['key']} applies {rule['when']}[/dim]")
+        console.print("  [dim]# devN keys as a new container gets them; an existing one keeps the key each path "
+                      "has[/dim]")
 
         if "mount" in plan.handoff:
             console.print(f"  mpN: {plan.handoff['mount']}  [dim]# the lowest free mpN; the driver version is the "

@@ -57,6 +57,18 @@ def test_lxc_module_names_an_unreadable_keys_file(tmp_path: Path) -> None:
                                             "No such file or directory; nothing was changed")
 
 
+def test_lxc_module_names_a_node_that_is_not_a_character_device(tmp_path: Path) -> None:
+    facts = {path: {"char": True} for path in LXC_ARGS["devices"]}
+    facts["/dev/nvidia0"] = {"char": False}  # nvidia_device_facts' map: a plain file at that path
+    with closed_port() as port:  # nothing answers there: the module must stop before any request
+        res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}", "devices": facts,
+                                         "gpus": [0]}, tmp_path)
+    assert res["failed"] and not res.get("gpunode_unreachable")
+    assert res["msg"].startswith("GPU device nodes: selected GPU node(s) /dev/nvidia0 (there, but not a character "
+                                 "device) not on the host")
+    assert res["msg"].endswith("nothing was changed")
+
+
 def test_lxc_module_says_unreachable(tmp_path: Path) -> None:
     with closed_port() as port:
         res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}"}, tmp_path)

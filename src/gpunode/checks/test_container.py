@@ -29,11 +29,11 @@ def api(pve_host: Any, gpunode_host: dict[str, Any], gpunode_secrets: dict[str, 
 
 
 @pytest.fixture
-def desired(pve_host: Any, gpunode_host: dict[str, Any], gpunode_derived: dict[str, Any],
-            host_facts: dict[str, Any]) -> dict[str, Any]:
-    devices = lxc.device_entries(list(host_facts["devices"]["devices"]), gpunode_host["container"]["gpus"],
-                                 gpunode_host["container"]["mig"])
-    return {**gpunode_derived["container_config"], **devices}
+def devices(pve_host: Any, gpunode_host: dict[str, Any], host_facts: dict[str, Any]) -> dict[str, str]:
+    """The devN values by host path the container stage wants (keys are placed against the live config)."""
+    found, not_char = lxc.char_nodes(host_facts["devices"]["devices"])
+    return lxc.wanted_devices(found, gpunode_host["container"]["gpus"], gpunode_host["container"]["mig"],
+                              not_char=not_char)
 
 
 @pytest.fixture
@@ -65,10 +65,12 @@ def _group(key: str) -> str:
 
 @pytest.mark.parametrize("group", ["devices", "driver mount", "settings"])
 def test_container_config_matches(group: str, pve_host: Any, ct: lxc.Converger, gpunode_derived: dict[str, Any],
-                                  desired: dict[str, Any], host_facts: dict[str, Any]) -> None:
+                                  devices: dict[str, str], host_facts: dict[str, Any]) -> None:
     if not ct.exists():
         pytest.fail("container missing: run `gpunode provision --tags container`")
     live = ct.config()
+    # Each device path keeps the devN key it has, as the container stage places them.
+    desired = {**gpunode_derived["container_config"], **lxc.place_devices(live, devices)}
     if group == "driver mount":
         if not gpunode_derived["driver_mount"]:
             pytest.skip("nvidia-runtime hand-off: no driver mount point")
@@ -79,7 +81,7 @@ def test_container_config_matches(group: str, pve_host: Any, ct: lxc.Converger, 
     changes = [c for c in lxc.compare(live, desired) if _group(c.key) == group]
     assert not changes, "differs from the host file: " + "; ".join(
         f"{c.key}: live {c.before!r}, want {c.after!r}" for c in changes) + \
-        " -> run `gpunode provision --tags container` (devN changes need --restart-container)"
+        " -> run `gpunode provision --tags container` (a changed or removed devN waits for --restart-container)"
 
 
 def test_no_pending_changes(pve_host: Any, ct: lxc.Converger) -> None:

@@ -4,8 +4,13 @@
   the Proxmox host itself, proxmoxer's local backend).
 - TLS: verified by default, against a CA file or a pinned SHA-256 certificate fingerprint;
   turning verification off is explicit and warned about by the caller.
-- Reads retry with backoff on connection errors and 5xx, never on 4xx. Writes are not retried
-  here: the caller re-reads state and decides again (a POST that timed out may have happened).
+- Failures are classified by cause (gpunode.container.causes), not by status: a refusal that
+  would repeat (a missing device node, a bad SSH key, a parameter or permission refusal, most of
+  Proxmox's 500s) fails at once with Proxmox's message and the fix; reads retry with backoff only
+  on connection errors, timeouts and transient answers (a lock timeout, 502/503/504/595/596).
+  Writes are not retried here: the caller re-reads state and decides again (a POST that timed
+  out may have happened).
+- The Proxmox version (GET /version) is read once per client: hot-plug rules depend on it.
 - Every request is counted by method, so "a converged run writes nothing" is a number.
 - Task UPIDs are waited for with a timeout; a failed task reports its exit status and last log lines.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -23,16 +29,20 @@ from typing import Any, Literal
 import requests
 from requests.adapters import HTTPAdapter
 
+from gpunode.container.causes import Cause, classify, known
+
 READS = ("GET",)
 
 
 class PveError(Exception):
-    """An API call that failed; ``retryable`` for connection errors and 5xx."""
+    """An API call that failed; ``retryable`` when its cause may pass (causes.classify)."""
 
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False,
+                 cause: Cause | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.cause = cause
 
 
 class PveUnreachable(PveError):
@@ -47,6 +57,35 @@ class TaskFailed(PveError):
         super().__init__(message)
         self.exitstatus = exitstatus
         self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class PveVersion:
+    """The Proxmox VE release, as GET /version reports it (``version``: ``9.0.10``, ``8.4.1``)."""
+
+    text: str
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, text: str) -> PveVersion:
+        match = re.match(r"(\d+)\.(\d+)", text.strip())
+        if match is None:
+            raise PveError(f"GET version: {text!r} is not a Proxmox VE version (want e.g. 9.0.10)")
+        return cls(text.strip(), int(match.group(1)), int(match.group(2)))
+
+    def at_least(self, major: int, minor: int = 0) -> bool:
+        return (self.major, self.minor) >= (major, minor)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _failure(prefix: str, message: str, status: int | None) -> PveError:
+    """Proxmox's own message, then the fix its cause calls for."""
+    cause = classify(status, message)
+    text = f"{prefix}{message}" + (f" -> {cause.fix}" if cause.fix and cause.kind == "refused" else "")
+    return PveError(text, status, cause.retryable, cause)
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,7 @@ class PveClient:
         self.sleep = sleep
         self.counts: collections.Counter[str] = collections.Counter()
         self._api: Any = None
+        self._version: PveVersion | None = None
         self._session = requests.Session()
         if conn.fingerprint:
             self._session.mount("https://", _PinnedAdapter(conn.fingerprint))
@@ -187,9 +227,11 @@ class PveClient:
                     raise PveUnreachable(f"Proxmox API {self.conn.url} unreachable: {message}") from None
                 if "401" in message or "authentication failure" in message.lower():
                     raise PveError(f"login to {self.conn.url} as {self.conn.user} refused: {message}", 401) from None
-                # Unreachable was handled above; what is left (a bad CA file, TLS, a 4xx) will not
-                # change by retrying, a 5xx may.
-                raise PveError(f"cannot connect to {self.conn.url}: {message}", status, (status or 0) >= 500) from None
+                # Unreachable was handled above; what is left (a bad CA file, TLS, a refusal) will
+                # not change by retrying, a transient answer may.
+                if isinstance(exc, requests.exceptions.SSLError) or status is None:
+                    raise PveError(f"cannot connect to {self.conn.url}: {message}", status) from None
+                raise _failure(f"cannot connect to {self.conn.url}: ", message, status) from None
             if self.conn.fingerprint:
                 self._api._store["session"].mount("https://", _PinnedAdapter(self.conn.fingerprint))
         return self._api
@@ -219,13 +261,15 @@ class PveClient:
                     relogged = True
                     self._api = None
                     continue
-                retryable = (status is None and not isinstance(exc, requests.exceptions.SSLError)) or (status or 0) >= 500
                 # A read that cannot connect is retried here and then final. A write is never
                 # resent here: a dropped one stays a retryable error, so ensure() reads state again
                 # and decides afresh (the host answered moments ago; it may have done the write).
-                error = (PveUnreachable(f"Proxmox API {self.conn.url} unreachable ({method} {path}): {message}")
-                         if _unreachable(exc) and method in READS else PveError(f"{method} {path}: {message}",
-                                                                                  status, retryable))
+                if _unreachable(exc) and method in READS:
+                    error = PveUnreachable(f"Proxmox API {self.conn.url} unreachable ({method} {path}): {message}")
+                elif isinstance(exc, requests.exceptions.SSLError):
+                    error = PveError(f"{method} {path}: {message}", status)  # a certificate does not heal
+                else:
+                    error = _failure(f"{method} {path}: ", message, status)
             limit = self.conn.unreachable_retries if isinstance(error, PveUnreachable) else self.conn.retries
             if not (error.retryable and method in READS and attempt < limit):
                 raise error
@@ -234,6 +278,12 @@ class PveClient:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, **params)
+
+    def version(self) -> PveVersion:
+        """The Proxmox VE version, read once per client (one run)."""
+        if self._version is None:
+            self._version = PveVersion.parse(str(self.get("version").get("version", "")))
+        return self._version
 
     @property
     def writes(self) -> int:
@@ -261,5 +311,7 @@ class PveClient:
         if exitstatus != "OK":
             log = self.get(f"nodes/{node}/tasks/{quoted}/log", limit=500)
             lines = [str(entry.get("t", "")) for entry in log if str(entry.get("t", "")).strip()][-5:]
-            raise TaskFailed(f"task {kind} failed: {exitstatus}; last log lines: {' | '.join(lines) or '(none)'}",
+            rule = known(" ".join([exitstatus, *lines]))
+            fix = f" -> {rule.fix}" if rule is not None and rule.kind == "refused" else ""
+            raise TaskFailed(f"task {kind} failed: {exitstatus}; last log lines: {' | '.join(lines) or '(none)'}{fix}",
                              exitstatus, lines)

@@ -6,21 +6,30 @@ Ownership: every container gpunode creates carries the ``gpunode`` tag and a des
 naming the host file's host (both kept and shown by Proxmox). An existing container without the
 tag is someone else's: nothing is written to it unless the operator adopts it (``adopt``), and it
 is never destroyed, adopted or not (adopt first, re-create in a later run).
+
+Keys that do not move: a device path keeps the devN key that holds it in the live config (as a
+bind mount keeps its mpN by target), a new path takes the lowest free key, a path no longer
+wanted has its key deleted. So adding GPUs to a running container only adds keys, which Proxmox
+VE 9 hot-plugs (``hotplug`` below has the rules per version).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpunode.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, MOUNT_POINT, OPTIONAL_NODES
-from gpunode.container.client import PveClient, PveError, PveUnreachable, TaskFailed
+from gpunode.container.causes import HOST_STAGE_FIX
+from gpunode.container.client import PveClient, PveError, PveUnreachable, PveVersion, TaskFailed
 
 DEV_KEY = re.compile(r"^dev\d+$")
 MP_KEY = re.compile(r"^mp\d+$")
 MAX_MP = 256  # mp0..mp255 (pve-container's MAX_MOUNT_POINTS)
+MAX_DEV = 256  # dev0..dev255 (pve-container src/PVE/LXC/Config.pm $MAX_DEVICES, line 39)
+# gpunode's devN entries are the NVIDIA nodes; a devN for any other path is the operator's and stays.
+NVIDIA_PREFIX = "/dev/nvidia"
 # Written only at creation (Proxmox keeps no record of them in the config).
 CREATE_ONLY = ("ostemplate", "ssh-public-keys", "vmid")
 # Can only change by re-creating the container.
@@ -105,6 +114,53 @@ class Change:
     how: str  # "set", "delete", "resize", "recreate"
 
 
+Applies = Literal["live", "restart"]
+# What a running container takes at once (pve-container src/PVE/LXC/Config.pm: $LXC_FASTPLUG_OPTIONS,
+# line 1612, then vmconfig_hotplug_pending, line 1624: cgroup limits and netN are changed live).
+FASTPLUG = frozenset({"description", "onboot", "startup", "protection", "hostname", "hookscript", "cores", "tags",
+                      "lock"})
+CGROUP_LIVE = frozenset({"memory", "swap", "cpulimit", "cpuunits"})
+NET_KEY = re.compile(r"^net\d+$")
+# devN hot-plug (only adding one) came with pve-container 6.0.4 (commit c702167 "implement device
+# hotplug"), first shipped in Proxmox VE 9.0; PVE 8 hot-plugs no devN.
+DEV_HOTPLUG_SINCE = (9, 0)
+
+
+def hotplug(version: PveVersion, change: Change, running: bool, current: Collection[str] | None = None) -> Applies:
+    """Whether Proxmox ``version`` applies ``change`` at once or at the container's next start.
+
+    A stopped container takes every change into its config at once (vmconfig_apply_pending).
+    On a running one (vmconfig_hotplug_pending): the FASTPLUG keys, cgroup limits and netN live;
+    a NEW mpN live, and since PVE 9.0 a new devN, while a changed or deleted one is skipped
+    ("don't try to hotplug over existing mp/dev"); everything else (features, ...) at the start.
+    ``current``: the keys of the container's current config (not its pending view), which is
+    what "new" means to Proxmox; without it, a key the live view lacks counts as new.
+    """
+    if not running or change.how == "resize":  # the disk grows online (PUT .../resize)
+        return "live"
+    if change.how == "recreate":
+        return "restart"
+    key = change.key
+    if key in FASTPLUG or key in CGROUP_LIVE or NET_KEY.match(key):
+        return "live"
+    new = change.how == "set" and (key not in current if current is not None else change.before is None)
+    if MP_KEY.match(key):
+        return "live" if new else "restart"
+    if DEV_KEY.match(key):
+        return "live" if new and version.at_least(*DEV_HOTPLUG_SINCE) else "restart"
+    return "restart"
+
+
+def hotplug_rule(version: PveVersion) -> str:
+    """The devN/mpN/features rule of ``version`` on a running container, in one line."""
+    if version.at_least(*DEV_HOTPLUG_SINCE):
+        return (f"Proxmox VE {version} applies a new device (devN) or mount point (mpN) to a running container at "
+                f"once; a changed or removed one, and features, wait for its next start")
+    return (f"Proxmox VE {version} hot-plugs no device (devN) into a running container (that came with PVE 9.0): "
+            f"every devN change, a changed or removed mount point (mpN) and features wait for its next start; "
+            f"a new mpN is applied at once")
+
+
 @dataclass
 class Result:
     vmid: int
@@ -121,6 +177,10 @@ class Result:
     before: dict[str, str] = field(default_factory=dict)
     after: dict[str, str] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=dict)
+    pve_version: str = ""
+    # Each changed key: "live" (applied to the running container, or to a stopped one's config)
+    # or "restart" (waits for the next start); predicted in check mode, read back otherwise.
+    applies: dict[str, str] = field(default_factory=dict)
 
 
 def _same(key: str, live: str | None, want: str | None) -> bool:
@@ -156,11 +216,16 @@ def desired_rootfs(storage: str, disk_gb: int) -> str:
     return f"{storage}:{disk_gb}"
 
 
-def compare(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Change]:
-    """What differs between the live config and the desired one, key by key."""
+def compare(live: Mapping[str, Any], desired: Mapping[str, Any | None]) -> list[Change]:
+    """What differs between the live config and the desired one, key by key; a desired value of
+    None deletes the key (``place_devices`` gives those)."""
     changes: list[Change] = []
     for key, value in desired.items():
         if key in CREATE_ONLY:
+            continue
+        if value is None:
+            if live.get(key) is not None:
+                changes.append(Change(key, str(live[key]), None, "delete"))
             continue
         want = str(value)
         have = str(live[key]) if live.get(key) is not None else ABSENT_MEANS.get(key)
@@ -181,9 +246,6 @@ def compare(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Change]
             if key in MARK_KEYS:
                 want = merged_mark(key, have, want)
             changes.append(Change(key, have, want, "recreate" if key in IMMUTABLE and have is not None else "set"))
-    for key in sorted(live):
-        if DEV_KEY.match(key) and key not in desired:
-            changes.append(Change(key, str(live[key]), None, "delete"))
     return changes
 
 
@@ -208,6 +270,51 @@ def place_mounts(live: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str
             key = next(f"mp{n}" for n in range(MAX_MP) if f"mp{n}" not in taken and f"mp{n}" not in placed)
         placed[key] = value
     return placed
+
+
+def device_path(value: Any) -> str:
+    """The host path of a devN value (``[path=]/dev/...[,mode=...]``)."""
+    parsed = props(str(value))
+    return parsed.get("path") or parsed.get("_", "")
+
+
+def _key_number(key: str) -> int:
+    return int(re.sub(r"^\D+", "", key))
+
+
+def place_devices(live: Mapping[str, Any], devices: Mapping[str, str],
+                  reserved: Collection[str] = ()) -> dict[str, str | None]:
+    """devN keys for ``devices`` (value by host path) against the live config: the key that already
+    passes a path keeps it, a new path takes the lowest free key (in ``devices``' order), and each
+    other devN of an NVIDIA path gets None (deleted), as does a second key for the same path. The
+    operator's devN for other devices keep their keys, untouched. ``reserved``: keys that are not
+    free though the live view lacks them (the current config's, while their delete is pending: a
+    new path there would be a change, not an addition)."""
+    placed: dict[str, str | None] = {}
+    held: dict[str, str] = {}  # path -> the key that keeps it
+    for key in sorted((k for k in live if DEV_KEY.match(k)), key=_key_number):
+        path = device_path(live[key])
+        if path in devices and path not in held:
+            held[path] = key
+            placed[key] = devices[path]
+        elif path.startswith(NVIDIA_PREFIX):
+            placed[key] = None
+    taken = {key for key in [*live, *reserved] if DEV_KEY.match(key)}
+    free = (f"dev{n}" for n in range(MAX_DEV) if f"dev{n}" not in taken)
+    for path, value in devices.items():
+        if path not in held:
+            key = next(free, None)
+            if key is None:
+                raise PveError(f"no free devN key for {path}: a container has at most {MAX_DEV} (dev0..dev{MAX_DEV - 1})")
+            placed[key] = value
+    return dict(sorted(placed.items(), key=lambda item: _key_number(item[0])))
+
+
+def lost_nodes(config: Mapping[str, Any], host_nodes: Collection[str]) -> dict[str, str]:
+    """gpunode's devN entries (key -> path) whose node the Proxmox host does not have."""
+    found = set(host_nodes)
+    return {key: device_path(value) for key, value in config.items()
+            if DEV_KEY.match(key) and device_path(value).startswith(NVIDIA_PREFIX) and device_path(value) not in found}
 
 
 def mounted_sources(client: PveClient, node: str, under: str) -> list[str]:
@@ -247,8 +354,10 @@ class Converger:
     def status(self) -> dict[str, Any]:
         return dict(self.client.get(f"{self.base}/{self.vmid}/status/current"))
 
-    def config(self) -> dict[str, Any]:
-        data = dict(self.client.get(f"{self.base}/{self.vmid}/config"))
+    def config(self, current: bool = False) -> dict[str, Any]:
+        """The config with its pending changes applied, or (``current``) as the container runs now."""
+        params = {"current": 1} if current else {}
+        data = dict(self.client.get(f"{self.base}/{self.vmid}/config", **params))
         data.pop("digest", None)
         return data
 
@@ -292,6 +401,26 @@ class Converger:
             self.client.sleep(poll_s)
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """What a run converges the container to: its config, bind mounts by target, devices by path."""
+
+    config: dict[str, Any]
+    mounts: dict[str, str]
+    devices: dict[str, str] | None  # None: the container's devN are left as they are
+    host_nodes: frozenset[str] | None  # the host's character device nodes, when known
+
+    def fresh(self) -> dict[str, Any]:
+        """A new container's config: mounts and devices take the lowest keys, in order."""
+        base = self.config
+        return {**base, **place_mounts(base, self.mounts), **place_devices(base, self.devices or {})}
+
+    def against(self, live: Mapping[str, Any], current: Collection[str]) -> dict[str, Any]:
+        """The desired config keyed against the live one (keys kept, new ones lowest free)."""
+        placed = place_devices(live, self.devices, reserved=current) if self.devices is not None else {}
+        return {**self.config, **place_mounts(live, self.mounts), **placed}
+
+
 def ensure(
     client: PveClient,
     node: str,
@@ -302,34 +431,40 @@ def ensure(
     attempts: int = 5,
     adopt: bool = False,
     mounts: Mapping[str, str] | None = None,
+    devices: Mapping[str, str] | None = None,
+    host_nodes: Collection[str] | None = None,
 ) -> Result:
     """Converge container ``desired['vmid']`` to ``desired`` and leave it running.
 
-    ``mounts``: bind mount points by target path (their mpN keys are chosen against the live
-    config). Retryable failures (connection, 5xx) re-run the whole decision from a fresh read,
-    which is what makes a retried write safe: nothing is sent twice on the strength of a stale view.
+    ``mounts``: bind mount points by target path; ``devices``: devN values by host path
+    (``wanted_devices``). Their keys are chosen against the live config, so a key never moves;
+    ``devices`` None leaves the container's devN alone. ``host_nodes``: the character device nodes
+    the Proxmox host has; with it, a devN the host lost is refused before any write. Retryable
+    failures (connection, transient answers: gpunode.container.causes) re-run the whole decision
+    from a fresh read, which is what makes a retried write safe: nothing is sent twice on the
+    strength of a stale view. A refusal fails at once.
     """
     vmid = int(desired["vmid"])
-    if client.conn.method == "token" and (mounts or any(DEV_KEY.match(key) for key in desired)):
+    given = sorted((key for key in desired if DEV_KEY.match(key)), key=_key_number)
+    if given:
+        raise PveError(f"container {vmid}: the config gives {', '.join(given)}: devN keys are placed by device path "
+                       f"(devices), never given; nothing was changed")
+    if client.conn.method == "token" and (mounts or devices):
         raise PveError(TOKEN_REFUSED, 403)
+    wanted = Wanted(dict(desired), dict(mounts or {}), None if devices is None else dict(devices),
+                    None if host_nodes is None else frozenset(host_nodes))
     result = Result(vmid=vmid)
-    last: PveError | None = None
     for attempt in range(attempts):
         try:
-            _converge(Converger(client, node, vmid), desired, result, check_mode, allow_restart, allow_recreate, adopt,
-                      dict(mounts or {}))
-            last = None
+            _converge(Converger(client, node, vmid), wanted, result, check_mode, allow_restart, allow_recreate, adopt)
             break
         except (TaskFailed, NotOwned, PveUnreachable):
             raise  # the client already retried the connection; a refusal is final
         except PveError as exc:
             if not exc.retryable or attempt == attempts - 1:
                 raise
-            last = exc
             result.actions.append(f"retrying after: {exc}")
             client.sleep(client.conn.backoff_s * (2 ** attempt))
-    if last is not None:  # pragma: no cover - loop either breaks or raises
-        raise last
     result.requests = dict(client.counts)
     return result
 
@@ -340,13 +475,8 @@ def _create_params(desired: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode: bool,
-              allow_restart: bool, allow_recreate: bool, adopt: bool = False,
-              mounts: dict[str, str] | None = None) -> None:
-    if not ct.exists():
-        _create(ct, {**desired, **place_mounts({}, mounts or {})}, result, check_mode)
-        if check_mode:
-            return
+def _unlocked_status(ct: Converger, result: Result) -> dict[str, Any]:
+    """The container's status once no create of an earlier run holds it; any other lock refuses."""
     status = ct.status()
     lock = status.get("lock")
     if lock == "create":
@@ -364,9 +494,45 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
     if lock:
         raise PveError(f"container {ct.vmid} is locked ({lock}): wait for the {lock} to finish, "
                        f"or clear a stale lock with `pct unlock {ct.vmid}` on the host", 423)
+    return status
 
+
+def _refuse_lost(ct: Converger, current: Mapping[str, Any], wanted: Wanted, changes: list[Change],
+                 result: Result) -> None:
+    """A running container with a devN whose node the host lost: Proxmox stats every devN of the
+    config on each update (pve-container src/PVE/API2/LXC/Config.pm line 264 -> src/PVE/LXC.pm
+    update_lxc_config, line 777 -> src/PVE/LXC/Tools.pm get_device_mode_and_rdev), a pending delete
+    included, so any write would fail with 'Device ... does not exist'."""
+    if wanted.host_nodes is None:
+        return
+    lost = lost_nodes(current, wanted.host_nodes)
+    if not lost:
+        return
+    what = ", ".join(f"{key} ({path})" for key, path in lost.items())
+    if changes:
+        raise PveError(f"container {ct.vmid} runs with {what}, which the Proxmox host lacks: Proxmox checks every devN "
+                       f"of a running container on each config update, so this one would fail ('Device ... does not "
+                       f"exist'); nothing was changed. Fix: {HOST_STAGE_FIX}; or, if that device is gone for good, "
+                       f"stop the container (`pct stop {ct.vmid}`) and re-run: a stopped container drops it at once")
+    result.warnings.append(f"container {ct.vmid} runs with {what}, which the Proxmox host lacks: its next start "
+                           f"fails until the node is back ({HOST_STAGE_FIX})")
+
+
+def _converge(ct: Converger, wanted: Wanted, result: Result, check_mode: bool,
+              allow_restart: bool, allow_recreate: bool, adopt: bool = False) -> None:
+    version = ct.client.version()
+    result.pve_version = str(version)
+    if not ct.exists():
+        _create(ct, wanted.fresh(), result, check_mode)
+        if check_mode:
+            return
+    status = _unlocked_status(ct, result)
+    running = status.get("status") == "running"
     live = ct.config()
-    desired = {**desired, **place_mounts(live, mounts or {})}
+    # Proxmox's "new" (hot-pluggable) is against the config the container runs with, not the
+    # pending view GET config gives by default.
+    current = ct.config(current=True) if running else live
+    desired = wanted.against(live, current)
     result.before = {k: str(v) for k, v in live.items() if k in desired or DEV_KEY.match(k)}
     changes = compare(live, desired)
     blocked = [c for c in changes if c.how == "recreate"]
@@ -377,6 +543,8 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         raise NotOwned(f"container {ct.vmid} (hostname {live.get('hostname', '?')}) was not made by gpunode: "
                        f"--recreate-container never destroys it, even with --adopt; nothing was changed. Adopt it "
                        f"first (--adopt without --recreate-container), then re-create it in a later run")
+    if running and not (blocked and allow_recreate):
+        _refuse_lost(ct, current, wanted, changes, result)
     if foreign:
         result.adopted = True
         result.actions.append(f"{'would adopt' if check_mode else 'adopting'} container {ct.vmid} "
@@ -396,40 +564,22 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         result.changed = True
         if check_mode:
             return
-        if status.get("status") == "running":
+        if running:
             ct.stop()
         ct.destroy()
-        desired = {**{k: v for k, v in desired.items() if not MP_KEY.match(k)}, **place_mounts({}, mounts or {})}
+        desired = wanted.fresh()
         _create(ct, desired, result, check_mode)
-        live = ct.config()
+        live = current = ct.config()
         changes = compare(live, desired)
         status = ct.status()
+        running = status.get("status") == "running"
     result.changes.extend(c for c in changes if c not in result.changes)
     if changes:
         result.changed = True
         result.actions.append(("would change: " if check_mode else "changing: ") + ", ".join(c.key for c in changes))
         if not check_mode:
             _apply(ct, live, changes)
-    running = status.get("status") == "running"
-    # A new mount point is hot-plugged into a running container; a changed one, like devN and
-    # features, waits for the restart (pve-container's vmconfig_hotplug_pending).
-    pending = ct.pending() if not check_mode else [
-        c.key for c in changes
-        if DEV_KEY.match(c.key) or c.key == "features" or (MP_KEY.match(c.key) and c.before is not None)]
-    if pending and running:
-        if allow_restart and not check_mode:
-            result.actions.append(f"restarting container {ct.vmid} to apply: {', '.join(pending)}")
-            ct.stop()
-            ct.start()
-            ct.wait_running()
-            result.restarted = True
-            pending = ct.pending()
-        else:
-            result.restart_needed = True
-            result.warnings.append(
-                f"container {ct.vmid} must restart to apply {', '.join(pending)} (device, mount point and feature "
-                f"changes do not apply to a running container): re-run with --restart-container, or `pct reboot {ct.vmid}`")
-    result.pending = pending
+    _settle_pending(ct, version, changes, current, running, result, check_mode, allow_restart)
     if not running:
         result.actions.append(f"{'would start' if check_mode else 'starting'} container {ct.vmid}")
         result.changed = True
@@ -444,6 +594,34 @@ def _converge(ct: Converger, desired: dict[str, Any], result: Result, check_mode
         for c in changes:
             if c.after is None:
                 result.after.pop(c.key, None)
+
+
+def _settle_pending(ct: Converger, version: PveVersion, changes: list[Change], current: Collection[str],
+                    running: bool, result: Result, check_mode: bool, allow_restart: bool) -> None:
+    """What waits for a restart: read back after a write, predicted by ``hotplug`` in check mode
+    (together with what earlier runs left pending); restarted only when allowed."""
+    if check_mode:
+        predicted = {c.key: hotplug(version, c, running, current) for c in changes}
+        waiting = [key for key, how in predicted.items() if how == "restart"]
+        pending = sorted(set(waiting) | set(ct.pending())) if running else []
+        result.applies = predicted
+    else:
+        pending = ct.pending() if running else []
+        result.applies = {c.key: "restart" if c.key in pending else "live" for c in changes}
+    if pending and running:
+        if allow_restart and not check_mode:
+            result.actions.append(f"restarting container {ct.vmid} to apply: {', '.join(pending)}")
+            ct.stop()
+            ct.start()
+            ct.wait_running()
+            result.restarted = True
+            pending = ct.pending()
+        else:
+            result.restart_needed = True
+            result.warnings.append(
+                f"container {ct.vmid} must restart to apply {', '.join(pending)} ({hotplug_rule(version)}): "
+                f"re-run with --restart-container, or `pct reboot {ct.vmid}`")
+    result.pending = pending
 
 
 def _create(ct: Converger, desired: dict[str, Any], result: Result, check_mode: bool) -> None:
@@ -482,32 +660,49 @@ def _apply(ct: Converger, live: Mapping[str, Any], changes: list[Change]) -> Non
         ct._task("PUT", f"{ct.base}/{ct.vmid}/config", **params)
 
 
-def device_entries(found: list[str], gpus: str | list[int], mig: bool,
-                   control: tuple[str, ...] = CONTROL_NODES, optional: tuple[str, ...] = OPTIONAL_NODES,
-                   mode: str = DEV_MODE) -> dict[str, str]:
-    """devN entries for the NVIDIA nodes the host really has, in a stable order: the GPUs, the
-    control nodes, the optional ones the host has, MIG's capability nodes (gpunode.nvidia).
+def char_nodes(devices: Mapping[str, Any] | Sequence[str]) -> tuple[list[str], list[str]]:
+    """(character device nodes, other files) among the host's NVIDIA paths: nvidia_device_facts'
+    ``devices`` map (path -> {char: ...}), or a plain list of paths, each taken as a character
+    device. Proxmox passes through only a device node (src/PVE/LXC/Tools.pm get_device_mode_and_rdev)."""
+    if isinstance(devices, Mapping):
+        char = [path for path, facts in devices.items() if isinstance(facts, Mapping) and facts.get("char") is True]
+        return sorted(char), sorted(path for path in devices if path not in char)
+    return sorted(str(path) for path in devices), []
 
-    ``found`` are the host's node paths (discovered, never assumed). Raises ValueError naming what
-    the selection needs but the host lacks.
+
+def wanted_devices(found: Sequence[str], gpus: str | list[int], mig: bool,
+                   control: tuple[str, ...] = CONTROL_NODES, optional: tuple[str, ...] = OPTIONAL_NODES,
+                   mode: str = DEV_MODE, not_char: Sequence[str] = ()) -> dict[str, str]:
+    """devN values by host path for the NVIDIA nodes the host really has, in the order a new
+    container numbers them: the GPUs, the control nodes, the optional ones the host has, MIG's
+    capability nodes (gpunode.nvidia).
+
+    ``found`` are the host's character device nodes (discovered, never assumed); ``not_char``
+    paths the host has as something else. Raises ValueError naming what the selection needs but
+    the host lacks, and the host fix.
     """
     present = set(found)
+    odd = set(not_char)
+
+    def missing_text(paths: list[str]) -> str:
+        return ", ".join(f"{p} (there, but not a character device)" if p in odd else p for p in paths)
+
     gpu_paths = sorted((p for p in present if re.fullmatch(r"/dev/nvidia\d+", p)), key=lambda p: int(p[11:]))
     if gpus == "all":
         chosen = gpu_paths
         if not chosen:
-            raise ValueError("the host has no /dev/nvidiaN node: is the NVIDIA driver loaded? (run the host stage)")
+            raise ValueError(f"the host has no /dev/nvidiaN device node: is the NVIDIA driver loaded? {HOST_STAGE_FIX}")
     else:
         chosen = [f"/dev/nvidia{minor}" for minor in gpus]
         missing = [p for p in chosen if p not in present]
         if missing:
-            raise ValueError(f"selected GPU node(s) {', '.join(missing)} not on the host (it has: "
-                             f"{', '.join(gpu_paths) or 'none'})")
+            raise ValueError(f"selected GPU node(s) {missing_text(missing)} not on the host (it has: "
+                             f"{', '.join(gpu_paths) or 'none'}): fix container.gpus, or {HOST_STAGE_FIX}")
     lacking = [p for p in control if p not in present]
     if lacking:
-        raise ValueError(f"{', '.join(lacking)} missing on the host: nvidia-uvm nodes appear once something loads "
-                         f"the module (nvidia-modprobe -u -c=0; the host stage sets that up at boot)")
+        raise ValueError(f"{missing_text(lacking)} missing on the host: nvidia-uvm nodes appear once something loads "
+                         f"the module (nvidia-modprobe -u -c=0); {HOST_STAGE_FIX}")
     paths = chosen + list(control) + [p for p in optional if p in present]
     if mig:
         paths += sorted(p for p in present if p.startswith(f"{CAPS_DIR}/"))
-    return {f"dev{index}": f"{path},mode={mode}" for index, path in enumerate(paths)}
+    return {path: f"{path},mode={mode}" for path in paths}

@@ -81,7 +81,9 @@ def scan(dev_root: str, try_open: bool) -> dict[str, object]:
         if entry is None:
             continue
         devices[f"/dev/{name}"] = entry
-        if match:
+        # Only a character device is a GPU node (Proxmox refuses anything else as devN); the rest
+        # stays in ``devices`` with char false, so the caller can name it.
+        if match and entry["char"]:
             gpus.append((int(match.group(1)), f"/dev/{name}"))
     caps_dir = os.path.join(dev_root, "nvidia-caps")
     if os.path.isdir(caps_dir):
@@ -89,7 +91,8 @@ def scan(dev_root: str, try_open: bool) -> dict[str, object]:
             entry = describe(os.path.join(caps_dir, name), try_open)
             if entry is not None:
                 devices[f"/dev/nvidia-caps/{name}"] = entry
-                caps.append(f"/dev/nvidia-caps/{name}")
+                if entry["char"]:
+                    caps.append(f"/dev/nvidia-caps/{name}")
     return {
         "devices": devices,
         "gpus": [path for _minor, path in sorted(gpus)],

@@ -36,16 +36,18 @@ EXAMPLES = r"""
 
 RETURN = r"""
 devices:
-  description: Map of node path (as /dev/...) to char, major, minor, mode, open_error (null when it opened).
+  description:
+    - Map of node path (as /dev/...) to char, major, minor, mode, open_error (null when it opened).
+    - Every NVIDIA name found, also one that is not a character device (C(char) false), so it can be named.
   returned: always
   type: dict
 gpus:
-  description: Paths of the /dev/nvidiaN GPU nodes, by minor number.
+  description: Paths of the /dev/nvidiaN GPU nodes that are character devices, by minor number.
   returned: always
   type: list
   elements: str
 caps:
-  description: Paths of /dev/nvidia-caps/* nodes (MIG).
+  description: Paths of /dev/nvidia-caps/* character devices (MIG).
   returned: always
   type: list
   elements: str

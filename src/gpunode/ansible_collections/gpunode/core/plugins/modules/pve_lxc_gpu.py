@@ -8,6 +8,15 @@ short_description: Create and keep an LXC container with NVIDIA GPUs passed thro
 description:
   - Converges one LXC container through the Proxmox VE API to a desired config, with one C(devN) entry per
     NVIDIA device node the host really has, and leaves it running.
+  - Each device path keeps the C(devN) key it has in the container's config; a new path takes the lowest free key,
+    a path no longer wanted has its key deleted, and C(devN) entries for other devices (the operator's) stay.
+  - Reads the Proxmox VE version once (C(GET /version)) and applies its hot-plug rules to a running container in
+    check mode, warnings and O(allow_restart) - PVE 9.0 and later apply a new C(devN) or C(mpN) at once, a changed
+    or removed one and C(features) at the next start; PVE 8 applies no C(devN) change before the next start.
+  - Refuses before any write when a C(devN) path is not a character device on the host, also when the running
+    container already carries one the host lost (Proxmox would fail every config update).
+  - A refusal Proxmox would repeat (a missing device, a bad SSH key, a parameter or permission refusal) fails at
+    once with Proxmox's message and the fix; only connection errors and transient answers are retried.
   - Thin over the gpunode package (gpunode.container, on proxmoxer). Runs on the controller (delegated to localhost)
     with gpunode's interpreter, because the API is reached from there.
   - Owns only what it made. A container it creates carries the C(gpunode) tag and a description line naming the
@@ -76,13 +85,16 @@ options:
     type: int
     default: 300
   config:
-    description: The desired container config without devN entries (POST /nodes/{node}/lxc parameters).
+    description:
+      - The desired container config without devN entries (POST /nodes/{node}/lxc parameters).
+      - A C(devN) key here is refused; devices come from O(devices), placed by path.
     type: dict
     required: true
   devices:
-    description: The NVIDIA device node paths found on the host (M(gpunode.core.nvidia_device_facts)).
-    type: list
-    elements: str
+    description:
+      - The NVIDIA device nodes found on the host - the C(devices) map of M(gpunode.core.nvidia_device_facts)
+        (path to facts; only those with C(char) true count), or a list of paths, each taken as a character device.
+    type: raw
     required: true
   gpus:
     description: V(all), or a list of C(/dev/nvidiaN) minor numbers.
@@ -116,10 +128,13 @@ options:
     type: path
     default: /var/lib/gpunode/nvidia
   ssh_public_keys_file:
-    description: Public keys injected into the container at creation.
+    description:
+      - Public keys injected into the container at creation, one per line (OpenSSH format, authorized_keys
+        options allowed). Checked line by line as Proxmox checks them (C(gpunode.sshkeys)) before any request;
+        a comment line, a private key or a damaged key fails with the file and line.
     type: path
   allow_restart:
-    description: Restart a running container when devN or feature changes need it.
+    description: Restart a running container when changes wait for it (see RV(pending)).
     type: bool
     default: false
   allow_recreate:
@@ -149,7 +164,7 @@ EXAMPLES = r"""
       net0: name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1
       features: nesting=1,keyctl=1
       tags: gpunode
-    devices: "{{ nodes.devices.keys() | list }}"
+    devices: "{{ nodes.devices }}"
     gpus: all
     driver_tree: /var/lib/gpunode/nvidia/580.159.04
   delegate_to: localhost
@@ -181,10 +196,20 @@ restart_needed:
   returned: success
   type: bool
 pending:
-  description: Config keys waiting for a restart.
+  description: Config keys waiting for a restart (predicted by the version's hot-plug rules in check mode).
   returned: success
   type: list
   elements: str
+pve_version:
+  description: The Proxmox VE version the API reports.
+  returned: success
+  type: str
+  sample: 9.0.10
+applies:
+  description: Each changed key and when it takes effect, V(live) (at once) or V(restart) (at the next start).
+  returned: success
+  type: dict
+  sample: {dev6: live, dev2: restart}
 changes:
   description: Each key that differed, with before, after and how it changes (set, delete, resize, recreate).
   returned: success
@@ -236,7 +261,7 @@ ARGS = {
     "fingerprint": {"type": "str"},
     "task_timeout_s": {"type": "int", "default": 300},
     "config": {"type": "dict", "required": True},
-    "devices": {"type": "list", "elements": "str", "required": True},
+    "devices": {"type": "raw", "required": True},
     "gpus": {"type": "raw", "default": "all"},
     "mig": {"type": "bool", "default": False},
     "control_nodes": {"type": "list", "elements": "str"},
@@ -279,19 +304,25 @@ def _run(module: AnsibleModule) -> None:
         module.fail_json(msg=f"gpunode is not importable by {module._name}'s interpreter ({exc}): "
                              "run it through gpunode, which sets ansible_python_interpreter for localhost")
     p = module.params
+    if not isinstance(p["devices"], (list, dict)):
+        module.fail_json(msg=f"devices: want a list of node paths or nvidia_device_facts' devices map, "
+                             f"not {type(p['devices']).__name__}; nothing was changed")
     try:
         lists = {key: tuple(p[f"{key}_nodes"]) for key in ("control", "optional") if p[f"{key}_nodes"] is not None}
-        devices = lxc.device_entries(p["devices"], p["gpus"], p["mig"], **lists)
+        found, not_char = lxc.char_nodes(p["devices"])
+        devices = lxc.wanted_devices(found, p["gpus"], p["mig"], not_char=not_char, **lists)
     except ValueError as exc:
-        module.fail_json(msg=f"GPU device nodes: {exc}")
-    desired = {**p["config"], **devices}
+        module.fail_json(msg=f"GPU device nodes: {exc}; nothing was changed")
+    desired = dict(p["config"])
     if p["ssh_public_keys_file"]:
-        keys_file = Path(p["ssh_public_keys_file"])  # type path: already expanded
+        from gpunode import sshkeys
+
+        # Checked as Proxmox checks them (a bad line is its HTTP 500 "SSH public key validation
+        # error", naming no line): here the message names the file and the line, before any request.
         try:
-            desired["ssh-public-keys"] = keys_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            module.fail_json(msg=f"container.ssh_public_keys: cannot read {keys_file}: "
-                                 f"{getattr(exc, 'strerror', None) or exc}; nothing was changed")
+            desired["ssh-public-keys"] = sshkeys.load(Path(p["ssh_public_keys_file"]))  # type path: expanded
+        except sshkeys.KeysFileError as exc:
+            module.fail_json(msg=f"container.ssh_public_keys: {exc}; nothing was changed")
     if not p["tls_verify"]:
         module.warn(f"TLS verification of {p['api_url']} is off: credentials can be read on the path")
     conn = Connection(
@@ -305,7 +336,7 @@ def _run(module: AnsibleModule) -> None:
     try:
         result = lxc.ensure(client, p["node"], desired, check_mode=module.check_mode,
                             allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"],
-                            mounts=mounts)
+                            mounts=mounts, devices=devices, host_nodes=found)
         in_use = lxc.mounted_sources(client, p["node"], p["driver_tree_root"])
     except PveUnreachable as exc:
         # Runs on localhost, so Ansible would call it a plain failure: gpunode reads this flag
@@ -325,6 +356,8 @@ def _run(module: AnsibleModule) -> None:
         restarted=result.restarted,
         restart_needed=result.restart_needed,
         pending=result.pending,
+        pve_version=result.pve_version,
+        applies=result.applies,
         changes=[{"key": c.key, "before": c.before, "after": c.after, "how": c.how} for c in result.changes],
         actions=result.actions,
         requests=dict(client.counts),
