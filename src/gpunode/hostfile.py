@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpunode import profiles, sshkeys
+from gpunode import profiles, regularfile, sshkeys
 from gpunode.nvidia import MIN_DRIVER_SM120, MINORS, UVM_NODES
 from gpunode.paths import PACKAGE
 from gpunode import stacks
@@ -213,22 +213,10 @@ SECRET_FILE_MAX = 64 * 1024  # a password, token or key; anything longer is not 
 def read_secret_file(path: Path) -> str:
     """A secret file's value: a regular file (never a FIFO that would block, a device, a folder), at
     most SECRET_FILE_MAX bytes of UTF-8; any other is a LookupError of one line."""
-    import stat
-
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as exc:
-        raise LookupError(f"secret file {path}: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LookupError(f"secret file {path}: not a regular file")
-        data = os.read(fd, SECRET_FILE_MAX + 1)
-    except OSError as exc:
-        raise LookupError(f"secret file {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > SECRET_FILE_MAX:
-        raise LookupError(f"secret file {path}: longer than {SECRET_FILE_MAX} bytes: not a secret")
+        data = regularfile.read_bytes(path, SECRET_FILE_MAX)
+    except regularfile.NotReadable as exc:
+        raise LookupError(f"secret file {path}: {exc.why}" + (": not a secret" if exc.too_long else "")) from None
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError:

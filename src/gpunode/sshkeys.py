@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
-import stat
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from gpunode import regularfile
 from gpunode.text import shown
 
 # A keys file is a few lines; this is far above any real one and below the 512 KiB request body
@@ -215,21 +214,10 @@ def read(path: Path) -> str:
     most KEYS_FILE_MAX bytes of UTF-8; KeysFileError of one line otherwise. The keys are not checked."""
     name = shown(str(path), limit=240)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise KeysFileError(f"cannot read {name}: {exc.strerror or exc}") from None
-    except ValueError:  # a NUL in the path
-        raise KeysFileError(f"cannot read {name}: not a valid path") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise KeysFileError(f"cannot read {name}: not a regular file")
-        data = os.read(fd, KEYS_FILE_MAX + 1)
-    except OSError as exc:
-        raise KeysFileError(f"cannot read {name}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > KEYS_FILE_MAX:
-        raise KeysFileError(f"{name}: longer than {KEYS_FILE_MAX} bytes: not a public keys file")
+        data = regularfile.read_bytes(path, KEYS_FILE_MAX)
+    except regularfile.NotReadable as exc:
+        raise KeysFileError(f"{name}: {exc.why}: not a public keys file" if exc.too_long
+                            else f"cannot read {name}: {exc.why}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

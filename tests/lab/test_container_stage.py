@@ -6,18 +6,26 @@ ansible-runner's job events; changed counts from runner stats.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import re
 import ssl
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import gpunode.lab as lab
-from gpunode.container.client import Connection, PveClient
+from gpunode.container.causes import HOST_STAGE_FIX
+from gpunode.container.client import Connection, PveClient, PveError
+from gpunode.lab import pve as labpve
+from gpunode.lab.contract import SSH_PUBKEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
@@ -108,7 +116,10 @@ def test_check_mode_and_drift(gpunode, fresh_container: None) -> None:
 
 def test_removed_device_needs_restart_and_says_so(gpunode) -> None:
     assert run(gpunode)[0] == 0
-    api().call("PUT", "nodes/pve1/lxc/200/config", dev6="/dev/nvidia9,mode=0666")
+    # A second key for a node the container has (the lab host has it: Proxmox refuses a devN for a
+    # node the host lacks): new, so hot-plugged; gpunode's is dev0, so dev6 is one to remove.
+    api().call("PUT", "nodes/pve1/lxc/200/config", dev6="/dev/nvidia0,mode=0666")
+    assert "dev6" in api().get("nodes/pve1/lxc/200/config", current=1)  # live at once
     rc, result, stderr = run(gpunode)
     assert rc == 0
     res = module_result(result)
@@ -228,3 +239,175 @@ def test_without_the_hosts_tree_nothing_is_written(gpunode) -> None:
             assert api().get("nodes/pve1/lxc/200/config") == before
     finally:
         subprocess.run(lab.ssh_command(f"mv {moved}.away {moved}", host=lab.HOST_CONTAINER_IP))
+
+
+# ----------------------------------------------------------------------------- device hot-plug
+# The lab's Proxmox hot-plugs a new devN into the running LXC container gpunode-lab as
+# pve-container 6 does (a node made in a passthrough folder, bind-mounted onto a file created at
+# its path) and refuses what Proxmox refuses (gpunode.lab.pverules). A third fake GPU
+# (/dev/nvidia2, char 195:2) is made on the lab's Proxmox host for these tests only, and removed
+# again with whatever they plugged, whatever happens.
+
+CONFIG = "nodes/pve1/lxc/200/config"
+GPU2 = "/dev/nvidia2"
+DEV_KEY = re.compile(r"^dev\d+$")
+TEMPLATE = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"
+
+
+def init_pid(name: str) -> int:
+    out = subprocess.run(["lxc-info", "-P", str(lab.LXC_PATH), "-n", name, "-pH"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout.strip()
+    return int(out)
+
+
+def devices(config: dict[str, object]) -> dict[str, object]:
+    return {key: value for key, value in config.items() if DEV_KEY.match(key)}
+
+
+def three_gpus(tmp_path: Path) -> Path:
+    """The lab host file with GPUs 0, 1 and 2 (and TP 3: the TP size equals the GPUs given)."""
+    hosts = variant(tmp_path, "gpus: [0, 1]", "gpus: [0, 1, 2]")
+    hosts.write_text(hosts.read_text().replace('"--tp-size": 2', '"--tp-size": 3', 1))
+    return hosts
+
+
+def _unplug_in_gpu_node() -> None:
+    """What a plug left in gpunode-lab: the bind mount on /dev/nvidia2 and the file under it."""
+    pid = init_pid(lab.CONTAINER_NAME)
+    where = Path(f"/proc/{pid}/root{GPU2}")
+    mounted = any(line.split()[4] == GPU2 for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
+    if mounted:
+        labpve._run_helper(["umount", str(pid), GPU2])
+    if where.is_dir():
+        where.rmdir()
+    elif where.exists():
+        where.unlink()
+
+
+@pytest.fixture
+def third_gpu(gpunode) -> Iterator[Path]:
+    """/dev/nvidia2 on the lab's Proxmox host; gone again after, with container 200 back at two GPUs."""
+    host_node = Path(f"/proc/{init_pid(lab.HOST_CONTAINER_NAME)}/root{GPU2}")
+    with contextlib.suppress(FileNotFoundError):
+        host_node.unlink()
+    _unplug_in_gpu_node()
+    os.mknod(host_node, stat.S_IFCHR | 0o666, os.makedev(lab.NVIDIA_MAJOR, 2))
+    os.chmod(host_node, 0o666)
+    try:
+        yield host_node
+    finally:
+        try:
+            # Back to the lab's two GPUs: a stopped container drops a devN at once, even one for a
+            # node the host has lost by now.
+            if any(int(ct["vmid"]) == 200 for ct in api().get("nodes/pve1/lxc")) and \
+                    "dev6" in api().get(CONFIG, current=1):
+                api().call("POST", "nodes/pve1/lxc/200/status/stop")
+            assert run(gpunode)[0] == 0
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                host_node.unlink()
+            _unplug_in_gpu_node()
+
+
+def test_a_gpu_added_to_the_running_container_is_live_and_checks_green(gpunode, third_gpu: Path,
+                                                                         tmp_path: Path) -> None:
+    assert run(gpunode)[0] == 0
+    before = api().get(CONFIG)
+    assert api().get("nodes/pve1/lxc/200/status/current")["status"] == "running"
+    pid = init_pid(lab.CONTAINER_NAME)
+
+    hosts = three_gpus(tmp_path)
+    rc, summary, stderr = run(gpunode, hosts=hosts)
+    assert rc == 0, stderr
+    res = module_result(summary)
+    # Only a new key: applied to the running container at once, nothing waits for a restart.
+    assert res["pve_version"] == "9.0.10"
+    assert res["applies"] == {"dev6": "live"}
+    assert res["pending"] == [] and not res["restart_needed"] and not res["restarted"]
+    after = api().get(CONFIG)
+    assert devices(after) == {**devices(before), "dev6": f"{GPU2},mode=0666"}  # no key moved
+    assert init_pid(lab.CONTAINER_NAME) == pid  # the LXC container was not restarted
+    node = os.stat(f"/proc/{pid}/root{GPU2}")  # the GPU node sees the new GPU
+    assert stat.S_ISCHR(node.st_mode) and os.major(node.st_rdev) == lab.NVIDIA_MAJOR and os.minor(node.st_rdev) == 2
+
+    check = gpunode("check", str(hosts), "--layer", "container", timeout=600)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # A second run changes nothing.
+    rc, again, _ = run(gpunode, hosts=hosts)
+    assert rc == 0 and not again["stats"].get("changed") and module_result(again)["writes"] == 0
+
+    # The host loses the node while the container runs with it: Proxmox would fail every update
+    # (it stats every devN), so gpunode refuses before any write and says what to do.
+    third_gpu.unlink()
+    rc, lost, _ = run(gpunode)
+    assert rc == 1
+    message = lost["failures"][0]["message"]
+    assert f"container 200 runs with dev6 ({GPU2}), which the Proxmox host lacks" in message
+    assert "nothing was changed" in message and "pct stop 200" in message
+    assert api().get(CONFIG) == after
+    # As it says: stopped, the container drops it at once.
+    api().call("POST", "nodes/pve1/lxc/200/status/stop")
+    rc, fixed, stderr = run(gpunode)
+    assert rc == 0, stderr
+    assert devices(api().get(CONFIG)) == devices(before)
+
+
+def test_a_failed_hotplug_is_reported_with_proxmox_text_and_what_to_do(gpunode, third_gpu: Path,
+                                                                         tmp_path: Path) -> None:
+    assert run(gpunode)[0] == 0
+    before = api().get(CONFIG)
+    pid = init_pid(lab.CONTAINER_NAME)
+    # Something in the GPU node's way: a directory where the device's file would be created.
+    Path(f"/proc/{pid}/root{GPU2}").mkdir()
+    rc, summary, _ = run(gpunode, hosts=three_gpus(tmp_path))
+    assert rc == 1
+    message = summary["failures"][0]["message"]
+    assert f"unable to hotplug dev6: failed to create '/proc/{pid}/root{GPU2}': Is a directory" in message
+    assert "nothing of the change was written" in message and "pct stop <vmid>" in message
+    assert "--restart-container cannot help" in message
+    assert api().get(CONFIG) == before and "dev6" not in api().get(CONFIG, current=1)
+
+
+def test_a_bad_ssh_key_is_refused_by_validate_as_the_lab_proxmox_refuses_it(gpunode, tmp_path: Path) -> None:
+    good = SSH_PUBKEY.read_text().strip()
+    keys = tmp_path / "keys.pub"
+    keys.write_text(f"{good}\n# the CI key\n")
+    hosts = variant(tmp_path, "      gpus: [0, 1]\n", f"      gpus: [0, 1]\n      ssh_public_keys: {keys}\n")
+    result = gpunode("validate", str(hosts))
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"hosts[0].container.ssh_public_keys: {keys} line 2: a comment line" in result.stderr
+    # The lab's Proxmox checks with the real ssh-keygen, line by line, as Proxmox does: the same
+    # text is refused, one request, and no container is made.
+    client = api()
+    with pytest.raises(PveError) as caught:
+        client.call("POST", "nodes/pve1/lxc", vmid=291, ostemplate=TEMPLATE, hostname="gpunode-keys",
+                    rootfs="local-lvm:8", **{"ssh-public-keys": keys.read_text()})
+    assert caught.value.status == 500 and "SSH public key validation error" in str(caught.value)
+    assert client.counts["POST"] == 2  # the login, and the one create: a deterministic 500 is not retried
+    assert not any(int(ct["vmid"]) == 291 for ct in client.get("nodes/pve1/lxc"))
+    keys.write_text(f"{good}\n")
+    assert gpunode("validate", str(hosts)).returncode == 0
+
+
+def test_a_gpu_node_the_host_lacks_is_refused_before_any_write(gpunode, tmp_path: Path) -> None:
+    assert run(gpunode)[0] == 0
+    before = api().get(CONFIG)
+    hosts = three_gpus(tmp_path)
+    host_node = Path(f"/proc/{init_pid(lab.HOST_CONTAINER_NAME)}/root{GPU2}")
+    assert not host_node.exists()
+    fix = f"fix container.gpus, or {HOST_STAGE_FIX}; nothing was changed"
+    rc, summary, _ = run(gpunode, hosts=hosts)
+    assert rc == 1
+    assert summary["failures"][0]["message"] == (
+        f"GPU device nodes: selected GPU node(s) {GPU2} not on the host (it has: /dev/nvidia0, /dev/nvidia1): {fix}")
+    assert module_result(summary).get("requests") is None  # refused before the first request
+    # A plain file at the node's path is named as such: Proxmox passes only a device node through.
+    host_node.write_text("")
+    try:
+        rc, summary, _ = run(gpunode, hosts=hosts)
+        assert rc == 1
+        assert f"{GPU2} (there, but not a character device) not on the host" in summary["failures"][0]["message"]
+    finally:
+        host_node.unlink()
+    assert api().get(CONFIG) == before

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import gpunode.lab as lab
+from gpunode.container.causes import HOST_STAGE_FIX
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
@@ -103,7 +104,8 @@ def test_missing_gpu_fails_with_host_task_and_fix(gpunode, tmp_path: Path) -> No
     assert result.returncode == 1, result.stderr
     failed = [line for line in result.stdout.splitlines() if line.startswith("failed:")]
     assert failed == ["failed: pve-lab | Converge the GPU container through the Proxmox API | GPU device nodes: "
-                      "selected GPU node(s) /dev/nvidia2 not on the host (it has: /dev/nvidia0, /dev/nvidia1)"]
+                      "selected GPU node(s) /dev/nvidia2 not on the host (it has: /dev/nvidia0, /dev/nvidia1): fix "
+                      f"container.gpus, or {HOST_STAGE_FIX}; nothing was changed"]
     # Inside the container, the node stage checks the hand-off itself.
     result = gpunode("provision", str(hosts), "--tags", "node", timeout=600)
     assert result.returncode == 1, result.stderr

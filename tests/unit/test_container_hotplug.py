@@ -4,6 +4,8 @@ PVE 9.0), and what `plan --live` reports from it."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,9 @@ import pytest
 from gpunode import hostfile
 from gpunode.container import live, lxc
 from gpunode.container.client import Connection, PveClient, PveError, PveVersion
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above
 
 PVE8, PVE9 = PveVersion.parse("8.4.1"), PveVersion.parse("9.0.10")
 NEW, CHANGED, DELETED = "new", "changed", "deleted"
@@ -85,19 +90,6 @@ NODE = "pve1"
 TREE_V1 = "/var/lib/gpunode/nvidia/580.159.04"
 TREE_V2 = "/var/lib/gpunode/nvidia/580.172.08"
 HOST = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-
-
-@pytest.fixture
-def conn(fakepve: Any, fakepve_cafile: str) -> Connection:
-    return Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, backoff_s=0.01,
-                      task_timeout_s=10)
-
-
-def config(**overrides: Any) -> dict[str, Any]:
-    return {"vmid": 200, "hostname": "glm5", "ostemplate": "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst",
-            "rootfs": "local-lvm:8", "cores": 4, "memory": 4096, "swap": 0,
-            "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1", "features": "nesting=1,keyctl=1",
-            "unprivileged": 0, "onboot": 1, "tags": lxc.OWNER_TAG, "description": lxc.mark_line("pve1"), **overrides}
 
 
 def ensure(conn: Connection, gpus: list[int], tree: str, **options: Any) -> lxc.Result:

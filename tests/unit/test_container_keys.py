@@ -3,6 +3,7 @@ real HTTPS server speaking the PVE 9 schema; ``fakepve.version`` set to model PV
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,27 +13,17 @@ from gpunode.ansible_collections.gpunode.core.plugins.module_utils import nvidia
 from gpunode.container import lxc
 from gpunode.container.client import Connection, PveClient, PveError
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above
+
 NODE = "pve1"
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 MODESET = "/dev/nvidia-modeset"
 HOST = [f"/dev/nvidia{i}" for i in range(8)] + list(CONTROL) + [MODESET]  # the Proxmox host's nodes
 
 
-def config() -> dict[str, Any]:
-    return {"vmid": 200, "hostname": "glm5", "ostemplate": "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst",
-            "rootfs": "local-lvm:8", "cores": 4, "memory": 4096, "swap": 0,
-            "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1", "features": "nesting=1,keyctl=1",
-            "unprivileged": 0, "onboot": 1, "tags": lxc.OWNER_TAG, "description": lxc.mark_line("pve1")}
-
-
 def devices(gpus: str | list[int], host: list[str] = HOST) -> dict[str, str]:
     return lxc.wanted_devices(host, gpus, False, CONTROL, (MODESET,))
-
-
-@pytest.fixture
-def conn(fakepve: Any, fakepve_cafile: str) -> Connection:
-    return Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, backoff_s=0.01,
-                      task_timeout_s=10)
 
 
 def run(conn: Connection, gpus: str | list[int], **options: Any) -> lxc.Result:

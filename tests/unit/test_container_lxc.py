@@ -42,12 +42,6 @@ def ensure(c: PveClient, node: str, config: dict[str, Any], **options: Any) -> l
     return lxc.ensure(c, node, config, **options)
 
 
-@pytest.fixture
-def conn(fakepve: Any, fakepve_cafile: str) -> Connection:
-    return Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, backoff_s=0.01,
-                      task_timeout_s=10)
-
-
 def client(conn: Connection) -> PveClient:
     return PveClient(conn, sleep=lambda _: None)
 

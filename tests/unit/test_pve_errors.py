@@ -4,12 +4,17 @@ Counted at the fakepve side, where the requests arrive."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpunode.container import causes, lxc
 from gpunode.container.client import Connection, PveClient, PveError, TaskFailed, _describe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above
 
 NODE = "pve1"
 HOST = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
@@ -66,19 +71,6 @@ def test_a_failed_hotplug_is_classified_from_proxmoxs_errors() -> None:
     assert "unable to hotplug dev6" in message and status == 400
     cause = causes.classify(status, message)
     assert cause.kind == "refused" and cause.fix is not None and "--restart-container cannot help" in cause.fix
-
-
-@pytest.fixture
-def conn(fakepve: Any, fakepve_cafile: str) -> Connection:
-    return Connection(url=fakepve.url, node=NODE, password="secret", ca_file=fakepve_cafile, backoff_s=0.01,
-                      task_timeout_s=10)
-
-
-def config(**overrides: Any) -> dict[str, Any]:
-    return {"vmid": 200, "hostname": "glm5", "ostemplate": "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst",
-            "rootfs": "local-lvm:8", "cores": 4, "memory": 4096, "swap": 0,
-            "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1", "features": "nesting=1,keyctl=1",
-            "unprivileged": 0, "onboot": 1, "tags": lxc.OWNER_TAG, "description": lxc.mark_line("pve1"), **overrides}
 
 
 def ensure(conn: Connection, **overrides: Any) -> lxc.Result:

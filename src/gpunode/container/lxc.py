@@ -34,9 +34,11 @@ NVIDIA_PREFIX = "/dev/nvidia"
 CREATE_ONLY = ("ostemplate", "ssh-public-keys", "vmid")
 # Can only change by re-creating the container.
 IMMUTABLE = ("unprivileged",)
+# pve-container src/PVE/LXC.pm check_ct_modify_config_perm (line 1655): devN and bind mounts, and
+# every feature flag but nesting (gpunode sets keyctl), privileged container or not (lines 1690-1732).
 TOKEN_REFUSED = (
-    "devN device passthrough, bind mount points (and features on a privileged container) are root@pam only, "
-    "and an API token "
+    "devN device passthrough, bind mount points and feature flags other than nesting (gpunode sets keyctl, "
+    "on an unprivileged container too) are root@pam only, and an API token "
     "is refused even for root (API tokens are always a subset of their user): use auth.method password "
     "(a root@pam ticket) or auth.method local (pvesh on the Proxmox host)"
 )

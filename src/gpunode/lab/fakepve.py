@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 from gpunode.lab.contract import (
     CERT_MAX_AGE_S, LXC_PATH, PVE_MODULE, PVE_PORT, PVE_USER, SITE, LabError, LabSite, Progress,
@@ -68,6 +69,13 @@ def stop_pve(site: LabSite = SITE) -> bool:
     return stopped
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def ensure_pve(progress: Progress, site: LabSite = SITE) -> bool:
     changed = False
     site.pve_dir.mkdir(parents=True, exist_ok=True)
@@ -90,21 +98,23 @@ def ensure_pve(progress: Progress, site: LabSite = SITE) -> bool:
         run([sys.executable, "-c", code, str(site.pve_dir), site.pve_host], what="fakepve.certs.make_cert")
         changed = True
     changed |= write_if_changed(site.pve_ca, site.pve_cert.read_bytes(), 0o644)
+    # The command line names fakepve (its certificate, the site's fakepve.crt): stop_pve finds the
+    # process by that word. Its realizer mounts into the site's host container's rootfs.
+    cmd = [sys.executable, "-m", PVE_MODULE, str(site.pve_guests), "--host", site.pve_host, "--port", str(PVE_PORT),
+           "--user", PVE_USER, "--time-scale", "0", "--cert", str(site.pve_cert), "--key", str(site.pve_key),
+           "--lxcpath", str(LXC_PATH), "--host-rootfs", str(site.host.rootfs), "--state", str(site.pve_mounts),
+           "--host-container", site.host.name]
     pid = read_pid(site.pve_pid_file)
     running = pid is not None and pid_alive(pid, "fakepve")
     # A lab made before gpunode.lab.pve runs plain `python -m fakepve` (or gpunode.labpve): that one is replaced.
-    current = running and pid is not None and pid_alive(pid, PVE_MODULE)
+    # One started with another command line (an older gpunode's) is replaced too.
+    current = running and pid is not None and pid_alive(pid, PVE_MODULE) and _cmdline(pid) == cmd
     if current and not changed and pve_answers(site):
         progress(f"fakepve: answering on {site.pve_url}")
         return False
     if running:
         stop_pve(site)
     progress(f"fakepve: starting on {site.pve_url} (log {site.pve_log})")
-    # The command line names fakepve (its certificate, the site's fakepve.crt): stop_pve finds the
-    # process by that word. Its realizer mounts into the site's host container's rootfs.
-    cmd = [sys.executable, "-m", PVE_MODULE, str(site.pve_guests), "--host", site.pve_host, "--port", str(PVE_PORT),
-           "--user", PVE_USER, "--time-scale", "0", "--cert", str(site.pve_cert), "--key", str(site.pve_key),
-           "--lxcpath", str(LXC_PATH), "--host-rootfs", str(site.host.rootfs), "--state", str(site.pve_mounts)]
     env = dict(os.environ, PVE_PASS=_pve_password(site))
     env.pop("PVE_USER", None)
     with open(site.pve_log, "ab") as log:

@@ -19,17 +19,29 @@ raises the per-option errors before write_config): HTTP 400, "Parameter verifica
 ``mp0: unable to hotplug mp0: directory '/x' does not exist``, and nothing of the update is kept.
 A start with a missing directory (pve-container would fail it) only warns on stderr.
 
+Device passthrough (``devN``) as pve-container does it: a new devN on a running container is
+hot-plugged (PVE 9; ``--pve-version 8.x`` keeps it pending, as PVE 8 does): a device node with the
+host node's type and numbers is made in a passthrough folder and bind-mounted onto a file created
+at its path in the container (LXC.pm device_passthrough_hotplug, line 2336); a failure aborts the
+whole update like a failed mount point. The lab's containers already carry the fake NVIDIA nodes
+from their LXC config (what Proxmox puts there at start): a path that already holds the same
+device counts as plugged. What real Proxmox refuses and fakepve does not is refused here too
+(gpunode.lab.pverules): device and mount point paths, booleans other than 0/1, a devN whose node
+the Proxmox host (--host-container's /dev) lacks, SSH public keys ssh-keygen refuses.
+
 Restarting a container through the API never restarts the LXC container: only its mounts are
 realized again. What this process mounted is kept in --state, so a new process (which starts with
 no fakepve containers) unmounts what an old one left.
 
     python -m gpunode.lab.pve GUESTS [fakepve's arguments] --lxcpath DIR --host-rootfs DIR --state FILE
+        [--host-container NAME] [--pve-version X.Y.Z]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -37,6 +49,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -45,14 +58,20 @@ from pathlib import Path
 from typing import Any
 
 import fakepve.__main__ as fakepve_cli  # type: ignore[import-untyped]
+from fakepve import formats as fakepve_formats  # type: ignore[import-untyped]
 from aiohttp import web
-from fakepve.lxc import mount_type, parse_mount  # type: ignore[import-untyped]
+from fakepve.lxc import mount_type, parse_mount, split_props  # type: ignore[import-untyped]
 from fakepve.model import PveError  # type: ignore[import-untyped]
 from fakepve.server import FakePve  # type: ignore[import-untyped]
+
+from gpunode.lab import pverules
 
 __all__ = ["LabPve", "Mount", "Realizer", "main"]
 
 MP_KEY = re.compile(r"mp\d+")
+DEV_KEY = re.compile(r"dev\d+")
+DEV_HOTPLUG_SINCE = 9  # pve-container 6.0.4 ("implement device hotplug"), first in Proxmox VE 9.0
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
 # The periodic pass catches what no request hook sees: tasks that finish after their response
 # (a time scale above 0) and an LXC container restarted underneath (its mounts died with it).
 RECONCILE_EVERY_S = 0.2
@@ -107,6 +126,17 @@ MountKey = tuple[str, str]  # (container, target)
 Errors = dict[tuple[int, str], str]  # (vmid, mpN) -> why it could not be mounted
 
 
+def device_path(value: str) -> str:
+    """The host path of a devN value (``[path=]/dev/...[,mode=...]``)."""
+    first, props = split_props(value)
+    return str(props.get("path") or first or "")
+
+
+# fakepve 0.5.0 checks no device or mount point path: pve-container's own two formats.
+fakepve_formats.NAMED.setdefault("pve-lxc-dev-string", pverules.dev_path_problem)
+fakepve_formats.NAMED.setdefault("pve-lxc-mp-string", pverules.mp_path_problem)
+
+
 def _flag(value: str | None) -> bool:
     return str(value or "").lower() in ("1", "yes", "on", "true")
 
@@ -130,9 +160,10 @@ class Realizer:
     """Brings the bind mounts of the lab's LXC containers to what fakepve's live configs ask for."""
 
     def __init__(self, lxcpath: Path, host_rootfs: Path, state: Path,
-                 helper: Callable[[list[str]], None] | None = None) -> None:
+                 helper: Callable[[list[str]], None] | None = None, host_container: str | None = None) -> None:
         self.lxcpath = lxcpath
         self.host_rootfs = host_rootfs
+        self.host_container = host_container
         self.state = state
         self.helper = helper or _run_helper
         self.mounts: dict[MountKey, Mount] = self._load()
@@ -211,6 +242,52 @@ class Realizer:
         except OSError:
             return False
         return (inside.st_dev, inside.st_ino) == m.inode
+
+    # -- devices -----------------------------------------------------------------------------
+    def host_root(self) -> str:
+        """The Proxmox host's / as this machine reaches it: the host container's root (its /dev
+        is its own, not under its rootfs), else --host-rootfs."""
+        pid = self._init_pid(self.host_container) if self.host_container else None
+        return f"/proc/{pid}/root" if pid is not None else str(self.host_rootfs)
+
+    def realized_container(self, ct: Any) -> str | None:
+        """The LXC container a running fakepve container stands for, if any."""
+        name = ct.config.get("hostname")
+        if ct.status != "running" or not name or not (self.lxcpath / name / "config").is_file():
+            return None
+        return str(name)
+
+    def plug(self, ct: Any, value: str) -> str | None:
+        """Hot-plug one devN value into the LXC container of ``ct``; why it failed, or None."""
+        name = self.realized_container(ct)
+        if name is None:
+            return None  # not one of the lab's LXC containers: nothing happens to a real one
+        path, mode = device_path(value), int(split_props(value)[1].get("mode") or "0", 8)
+        pid = self._init_pid(name)
+        if pid is None:
+            return f"failed to open pidfd of container {ct.vmid}'s init process"
+        try:
+            host = os.stat(f"{self.host_root()}{path}")
+        except OSError as exc:
+            return f"Device {path} does not exist" if isinstance(exc, FileNotFoundError) else str(exc)
+        with contextlib.suppress(OSError):
+            inside = os.stat(f"/proc/{pid}/root{path}")
+            if stat.S_ISCHR(inside.st_mode) and inside.st_rdev == host.st_rdev:
+                return None  # already there: the lab's LXC config hands it in
+        # create_passthrough_device_node (LXC.pm line 1897): a node of our own, with the devN's mode.
+        node = self.state.parent / "passthrough" / str(ct.vmid) / path.lstrip("/")
+        node.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            node.unlink()
+        os.mknod(node, (host.st_mode & (stat.S_IFCHR | stat.S_IFBLK)) | (mode or 0o600), host.st_rdev)
+        if mode:
+            os.chmod(node, mode)
+        try:
+            self.helper(["plug", str(pid), str(node), path])
+        except OSError as exc:
+            return str(exc)
+        _warn(f"plugged {path} into {name} for CT {ct.vmid}")
+        return None
 
     # -- reconcile ---------------------------------------------------------------------------
     def reconcile(self, cts: Iterable[Any], lazy: bool = False) -> Errors:
@@ -357,6 +434,24 @@ def _mount(pid: int, source: str, target: str, ro: bool) -> None:
                         c(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount onto {target}")
 
 
+def _plug(pid: int, source: str, target: str) -> None:
+    """device_passthrough_hotplug's steps: a detached copy of our node, a regular file created at
+    the path through the container's root, then the node moved onto that file inside its mounts."""
+    libc = _libc()
+    c = ctypes.c_long
+    tree = _check(libc.syscall(c(SYS_OPEN_TREE), c(AT_FDCWD), source.encode(), c(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)),
+                  "open_tree() on passthrough device node failed")
+    where = f"/proc/{pid}/root{target}"
+    try:
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        dest = os.open(where, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise OSError(f"failed to create '{where}': {exc.strerror}") from None  # pve-container's words
+    _enter_mount_ns(libc, pid)
+    _check(libc.syscall(c(SYS_MOVE_MOUNT), c(tree), b"", c(dest), b"",
+                        c(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)), "move_mount failed")
+
+
 def _umount(pid: int, target: str) -> None:
     libc = _libc()
     _enter_mount_ns(libc, pid)
@@ -364,14 +459,17 @@ def _umount(pid: int, target: str) -> None:
 
 
 def ns_helper(argv: list[str]) -> int:
-    """The child's entry: ``mount PID SOURCE TARGET 0|1`` or ``umount PID TARGET``."""
+    """The child's entry: ``mount PID SOURCE TARGET 0|1``, ``umount PID TARGET`` or ``plug PID NODE PATH``."""
     try:
         if argv[:1] == ["mount"] and len(argv) == 5:
             _mount(int(argv[1]), argv[2], argv[3], argv[4] == "1")
         elif argv[:1] == ["umount"] and len(argv) == 3:
             _umount(int(argv[1]), argv[2])
+        elif argv[:1] == ["plug"] and len(argv) == 4:
+            _plug(int(argv[1]), argv[2], argv[3])
         else:
-            print(f"usage: mount PID SOURCE TARGET 0|1 | umount PID TARGET (got {argv})", file=sys.stderr)
+            print(f"usage: mount PID SOURCE TARGET 0|1 | umount PID TARGET | plug PID NODE PATH (got {argv})",
+                  file=sys.stderr)
             return 2
     except (OSError, ValueError) as exc:
         print(exc, file=sys.stderr)
@@ -383,12 +481,20 @@ def ns_helper(argv: list[str]) -> int:
 
 
 class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
-    """FakePve that realizes bind mount points on the lab's LXC containers after every change."""
+    """FakePve that realizes bind mount points and device hot-plug on the lab's LXC containers after
+    every change, and refuses what pve-container refuses (gpunode.lab.pverules)."""
 
-    def __init__(self, *args: Any, realizer: Realizer, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, realizer: Realizer, pve_version: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.realizer = realizer
         self._ticker: asyncio.Task[None] | None = None
+        if pve_version:
+            self.version = pve_version
+            self.release_version = ".".join(pve_version.split(".")[:2])
+
+    @property
+    def dev_hotplug(self) -> bool:
+        return int(str(self.version).split(".")[0]) >= DEV_HOTPLUG_SINCE
 
     def _sync(self, lazy: bool = False) -> Errors:
         try:
@@ -424,12 +530,61 @@ class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
             if request.method != "GET":
                 self._sync()
 
+    async def answer(self, request: web.Request, match: Any, params: dict[str, Any], user: str,
+                     call: Any = None) -> Any:
+        """fakepve's schema check, with PVE's strict top-level booleans first (pverules)."""
+        info = match.methods.get(request.method) if match is not None else None
+        if info is not None:
+            errors = pverules.boolean_problems(info.get("parameters"), params,
+                                               request.content_type == "application/json")
+            if errors:
+                raise PveError(400, "Parameter verification failed.", errors)
+        return await super().answer(request, match, params, user, call)
+
+    def _devices_problem(self, values: dict[str, Any]) -> str | None:
+        """update_pct_config's check of each devN it sets (pve-container src/PVE/LXC/Config.pm
+        lines 1376-1383, also on create: API2/LXC.pm line 413), on the lab's Proxmox host."""
+        root = Path(self.realizer.host_root())
+        for key in sorted((k for k in values if DEV_KEY.fullmatch(k)), key=lambda k: int(k[3:])):
+            why = pverules.device_problem(root, device_path(str(values[key])))
+            if why:
+                return why
+        return None
+
+    async def _lxc_create(self, user: str, v: dict[str, Any]) -> Any:
+        keys = v.get("ssh-public-keys")
+        # API2/LXC.pm line 290: the keys are validated before anything else of the create.
+        why = pverules.ssh_keys_problem(str(keys)) if keys is not None else None
+        why = why or self._devices_problem(v)
+        if why:
+            raise PveError(500, why)
+        return await super()._lxc_create(user, v)
+
+    def _apply(self, ct: Any, selection: Any = None, running: bool = False) -> None:
+        """PVE 8 hot-plugs no devN: a new one waits for the start like a changed one."""
+        held: dict[str, Any] = {}
+        if running and not self.dev_hotplug:
+            held = {k: v for k, v in ct.pending.items() if DEV_KEY.fullmatch(k) and v is not None and k not in ct.config}
+            for key in held:
+                del ct.pending[key]
+        try:
+            super()._apply(ct, selection, running)
+        finally:
+            ct.pending.update(held)
+
     async def _update_config(self, ct: Any, user: str, values: dict[str, Any], deletes: list[str],
                              reverts: list[str]) -> None:
+        why = self._devices_problem(values)
+        if why:
+            raise PveError(500, why)
         config, pending = dict(ct.config), dict(ct.pending)
         await super()._update_config(ct, user, values, deletes, reverts)
         plugged = {k for k in ct.config if MP_KEY.fullmatch(k) and k not in config}
         failed = {key: msg for (vmid, key), msg in self._sync().items() if vmid == ct.vmid and key in plugged}
+        for key in sorted((k for k in ct.config if DEV_KEY.fullmatch(k) and k not in config), key=lambda k: int(k[3:])):
+            problem = self.realizer.plug(ct, str(ct.config[key]))
+            if problem:
+                failed[key] = problem
         if failed:
             # API2/LXC/Config.pm: "don't write to config if we get any errors", then
             # raise_param_exc with vmconfig_hotplug_pending's "unable to hotplug mpN: ...".
@@ -437,6 +592,12 @@ class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
             self._sync()
             raise PveError(400, "Parameter verification failed.",
                            {key: f"unable to hotplug {key}: {msg}" for key, msg in sorted(failed.items())})
+        # Written; then update_lxc_config (API2/LXC/Config.pm line 263 -> LXC.pm line 777) stats
+        # every devN of the config as it runs now: a node the host lost fails every update, after
+        # the write.
+        why = self._devices_problem({k: v for k, v in ct.config.items() if DEV_KEY.fullmatch(k)})
+        if why:
+            raise PveError(500, why)
 
     async def _start_steps(self, ct: Any, user: str, skiplock: bool = False) -> None:
         await super()._start_steps(ct, user, skiplock)
@@ -458,6 +619,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-rootfs", type=Path, required=True,
                         help="the Proxmox host's / on this machine: bind mount sources are under it")
     parser.add_argument("--state", type=Path, required=True, help="JSON file of the mounts this process made")
+    parser.add_argument("--host-container", help="LXC container that plays the Proxmox host: devN nodes are its /dev's")
+    parser.add_argument("--pve-version", help="the Proxmox VE version to report and follow (default fakepve's, 9.x)")
     if {"-h", "--help"} & set(argv):
         parser.print_help()
         print()
@@ -465,14 +628,14 @@ def main(argv: list[str] | None = None) -> None:
         fakepve_cli.main()
         return
     ours, rest = parser.parse_known_args(argv)
-    realizer = Realizer(ours.lxcpath, ours.host_rootfs, ours.state)
+    realizer = Realizer(ours.lxcpath, ours.host_rootfs, ours.state, host_container=ours.host_container)
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
     # fakepve's serve() builds its server through this module-level name: swapping it in keeps
     # fakepve's own command line (guests file, password, TLS, time scale) exactly as it is.
-    fakepve_cli.FakePve = functools.partial(LabPve, realizer=realizer)
+    fakepve_cli.FakePve = functools.partial(LabPve, realizer=realizer, pve_version=ours.pve_version)
     sys.argv = ["fakepve", *rest]
     try:
         fakepve_cli.main()
