@@ -253,6 +253,6 @@ def derive_router(hostfile: HostFile) -> RouterDerived | None:
         node=ROUTER_NODE, runs_on=on_host.name if on_host else None, reach=reach, workers=workers,
         image_tag=router_image.collect(router.image.base, router.image.ca_bundle).tag,
         argv=tuple(router_argv(router.port, [w.url for w in workers], router.policy, router.health_check_interval_s)),
-        served_name=hostfile.hosts[0].served_name, url=f"http://{address}:{router.port}",
+        served_name=hostfile.hosts[0].served_name, url=f"http://{f'[{address}]' if ':' in address else address}:{router.port}",
         bench_image=server_image(on_host) if on_host else None,
         model_dir=str(on_host.model.path) if on_host else None)

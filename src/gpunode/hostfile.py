@@ -311,6 +311,11 @@ def _cidr(value: str, version: int, key: str, example: str, forms: str) -> str:
         raise ValueError(f"{shown(value, quote=True)} is not {forms}")
     if "/" not in value:
         raise ValueError(f"{shown(value, quote=True)} needs a prefix length, e.g. {shown(value)}/{example.split('/')[1]}")
+    # Proxmox takes these, but no node can be reached there. (Loopback stays: the suite keeps all
+    # its traffic on this machine with it.)
+    for test, what in (("is_multicast", "a multicast"), ("is_unspecified", "an unspecified")):
+        if getattr(iface.ip, test):
+            raise ValueError(f"{shown(value, quote=True)} is {what} address, not one the container can be reached at")
     low, high = (IP4_MIN_PREFIX, 32) if version == 4 else (IP6_MIN_PREFIX, 128)
     if not low <= iface.network.prefixlen <= high:
         raise ValueError(f"{shown(value, quote=True)}: Proxmox takes a prefix length of {low} to {high}")
@@ -378,6 +383,8 @@ class Network(Strict):
                 raise ValueError(f"gateway is set but ip is {IP_NONE}")
         elif self.gateway and ipaddress.ip_address(self.gateway) not in ipaddress.ip_interface(self.ip).network:
             raise ValueError(f"gateway {self.gateway} is outside {ipaddress.ip_interface(self.ip).network}")
+        elif self.gateway and ipaddress.ip_address(self.gateway) == ipaddress.ip_interface(self.ip).ip:
+            raise ValueError(f"gateway {self.gateway} is the container's own address (ip)")
         if self.gateway6 is None:
             return self
         if self.ip6 is None:
@@ -385,6 +392,8 @@ class Network(Strict):
         if self.ip6 in ("auto", "dhcp"):
             raise ValueError(f"gateway6 is set but ip6 is {self.ip6}: the router's advertisements give the route")
         gateway6, network6 = ipaddress.IPv6Address(self.gateway6), ipaddress.IPv6Interface(self.ip6).network
+        if gateway6 == ipaddress.IPv6Interface(self.ip6).ip:
+            raise ValueError(f"gateway6 {self.gateway6} is the container's own address (ip6)")
         if gateway6 not in network6 and not gateway6.is_link_local:
             raise ValueError(f"gateway6 {self.gateway6} is outside {network6} (and not link-local, fe80::/10)")
         return self
@@ -878,6 +887,11 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         if ipaddress.ip_address(host.server.bind).is_loopback:
             problems.append(at(("hosts", index, "server", "bind"), f"{host.server.bind}: the router cannot reach a "
                                "server on loopback: bind 0.0.0.0 or the node's address (with server.api_key)"))
+        bind = ipaddress.ip_address(host.server.bind)
+        if bind.is_unspecified and bind.version == 4 and ":" in str(host.container.reach.address):
+            # 0.0.0.0 listens on IPv4 only, and an IPv6-only node is reached at its IPv6 address.
+            problems.append(at(("hosts", index, "server", "bind"), f"{host.server.bind} listens on IPv4 only, and the "
+                               f"router reaches {host.name}'s node at {host.container.reach.address}: bind '::'"))
         if host.server.api_key != router.api_key:
             problems.append(at(("hosts", index, "server", "api_key"), "the router sends its one key to every worker: "
                                "give the same secret as router.api_key" if router.api_key else

@@ -59,8 +59,13 @@ def test_hotplug_rule_per_version(key: str, kind: str, pve8: str, pve9: str) -> 
 
 def test_new_means_new_to_the_running_config() -> None:
     # dev6 is gone from the pending view but still runs (its delete waits): setting it again is a change.
-    assert lxc.hotplug(PVE9, change("dev6", NEW), running=True, current={"dev6"}) == "restart"
-    assert lxc.hotplug(PVE9, change("mp0", NEW), running=True, current={"dev6"}) == "live"
+    assert lxc.hotplug(PVE9, change("dev6", NEW), running=True, current={"dev6": "/dev/nvidia6"}) == "restart"
+    assert lxc.hotplug(PVE9, change("mp0", NEW), running=True, current={"dev6": "/dev/nvidia6"}) == "live"
+    # Undoing a pending change is Proxmox's cleanup_pending, at once: the value it runs with set
+    # again, or a key it does not run with deleted (a pending addition dropped).
+    assert lxc.hotplug(PVE9, change("dev6", NEW), running=True, current={"dev6": "new"}) == "live"
+    assert lxc.hotplug(PVE8, change("dev6", DELETED), running=True, current={}) == "live"
+    assert lxc.hotplug(PVE8, change("dev6", DELETED), running=True, current={"dev6": "old"}) == "restart"
 
 
 def test_resize_is_online() -> None:

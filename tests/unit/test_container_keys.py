@@ -104,8 +104,12 @@ def test_place_devices_skips_keys_whose_delete_is_pending() -> None:
     live = {"dev0": "/dev/nvidia0,mode=0666"}
     wanted = {"/dev/nvidia0": "/dev/nvidia0,mode=0666", "/dev/nvidia1": "/dev/nvidia1,mode=0666"}
     assert lxc.place_devices(live, wanted) == {"dev0": wanted["/dev/nvidia0"], "dev1": wanted["/dev/nvidia1"]}
-    # dev1 still runs in the container (its delete waits for the restart): not free.
-    assert lxc.place_devices(live, wanted, reserved={"dev0", "dev1"})["dev2"] == wanted["/dev/nvidia1"]
+    # dev1 still runs in the container (its delete waits for the restart): not free for another path,
+    current = {**live, "dev1": "/dev/nvidia-modeset,mode=0666"}
+    assert lxc.place_devices(live, wanted, current)["dev2"] == wanted["/dev/nvidia1"]
+    # ... and the path it passes takes it back, which undoes the delete.
+    current = {**live, "dev1": "/dev/nvidia1,mode=0666"}
+    assert lxc.place_devices(live, wanted, current) == {"dev0": wanted["/dev/nvidia0"], "dev1": wanted["/dev/nvidia1"]}
 
 
 def test_a_devn_the_host_lost_is_refused_before_any_write(fakepve: Any, conn: Connection) -> None:
@@ -144,3 +148,36 @@ def test_scan_counts_only_character_devices_as_gpus(tmp_path: Path) -> None:
     (tmp_path / "nvidia0").write_text("")  # a regular file where a node should be
     found = nvidia_nodes.scan(str(tmp_path), try_open=False)
     assert found["gpus"] == [] and found["devices"]["/dev/nvidia0"]["char"] is False
+
+
+def test_the_operators_nvidia_named_devices_are_left_alone(fakepve: Any, conn: Connection) -> None:
+    """Only the NVIDIA nodes gpunode hands in are its to delete or to call lost: an NVSwitch node or
+    an IMEX channel the operator passes through stays, though the host facts do not list it."""
+    run(conn, [0, 1])
+    theirs = {"dev20": "/dev/nvidia-caps-imex-channels/channel0", "dev21": "/dev/nvidia-nvswitchctl"}
+    fakepve.ct(200).config.update(theirs)
+    result = run(conn, [0, 1])
+    assert not result.changes and not result.warnings
+    assert {key: fakepve.ct(200).config[key] for key in theirs} == theirs
+    assert lxc.lost_nodes(fakepve.ct(200).config, HOST) == {}
+    assert not lxc.managed("/dev/nvidia-nvswitch0") and lxc.managed("/dev/nvidia-caps/nvidia-cap1")
+    assert lxc.managed("/dev/nvidia12") and lxc.managed("/dev/nvidiactl") and lxc.managed(MODESET)
+
+
+def test_net0_settings_the_host_file_drops_are_removed() -> None:
+    live = {"net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,type=veth,ip=192.0.2.20/24,gw=192.0.2.1,"
+                    "ip6=2001:db8::20/64,gw6=2001:db8::1"}
+    want = {"net0": "name=eth0,bridge=vmbr0,ip=192.0.2.20/24,gw=192.0.2.1"}
+    assert [(c.key, c.how) for c in lxc.compare(live, want)] == [("net0", "set")]
+    assert lxc.compare({"net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,type=veth,ip=192.0.2.20/24,"
+                                "gw=192.0.2.1"}, want) == []
+
+
+def test_a_yaml_boolean_in_the_config_is_sent_as_proxmox_takes_it(fakepve: Any, conn: Connection) -> None:
+    client = PveClient(conn, sleep=lambda _: None)
+    lxc.ensure(client, NODE, {**config(), "onboot": True, "protection": False}, devices=devices([0]),
+               host_nodes=HOST)
+    assert fakepve.ct(200).config["onboot"] == 1
+    again = lxc.ensure(PveClient(conn, sleep=lambda _: None), NODE, {**config(), "onboot": True}, devices=devices([0]),
+                       host_nodes=HOST)
+    assert not again.changes

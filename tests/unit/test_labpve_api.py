@@ -116,3 +116,19 @@ def test_check_mode_predicts_what_the_lab_proxmox_does(labpve: Any, client: PveC
         assert not done.restarted and ct.status == "running"
         converge(client, gpus, allow_restart=True)  # settle before the next step
         assert ct.pending == {}
+
+
+def test_a_gpu_removed_and_given_back_before_the_restart_keeps_its_key(labpve: Any, client: PveClient) -> None:
+    """4 -> 2 leaves two deletes pending; back to 4 takes the same keys again, which cancels the
+    deletes (a new key for the same node would have Proxmox make a second node of one path)."""
+    converge(client, [0, 1, 2, 3])
+    ct = labpve.ct(200)
+    keys = {key: value for key, value in ct.config.items() if lxc.DEV_KEY.match(key)}
+    two = converge(client, [0, 1])
+    assert sorted(two.pending) == ["dev2", "dev3"]
+    predicted = converge(client, [0, 1, 2, 3], check_mode=True)
+    back = converge(client, [0, 1, 2, 3])
+    assert predicted.applies == back.applies == {"dev2": "live", "dev3": "live"}
+    assert predicted.pending == [] and not predicted.restart_needed
+    assert back.pending == [] and ct.pending == {} and not back.restarted
+    assert {key: value for key, value in ct.config.items() if lxc.DEV_KEY.match(key)} == keys

@@ -248,3 +248,46 @@ def test_validate_names_the_key_to_use(tmp_path: Path, monkeypatch: pytest.Monke
     assert lines[1].startswith(f"error: {path}: hosts[0].container.network.gateway: '2001:db8::1' is an IPv6 "
                                "address: give it as gateway6")
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(("network", "message"), [
+    ("ip: none\nip6: ff02::1/64", "'ff02::1/64' is a multicast address, not one the container can be reached at"),
+    ("ip: none\nip6: ::/64", "'::/64' is an unspecified address"),
+    ("ip: 224.0.0.9/8", "'224.0.0.9/8' is a multicast address"),
+    ("ip: 192.0.2.20/24\ngateway: 192.0.2.20", "gateway 192.0.2.20 is the container's own address (ip)"),
+    ("ip: none\nip6: 2001:db8::20/64\ngateway6: 2001:db8::20", "gateway6 2001:db8::20 is the container's own address"),
+])
+def test_addresses_no_node_can_be_reached_at_are_refused(tmp_path: Path, network: str, message: str) -> None:
+    with pytest.raises(hostfile.HostFileError) as caught:
+        hostfile.load(host_file(tmp_path, network))
+    assert len(caught.value.problems) == 1 and message in caught.value.problems[0], caught.value.problems
+
+
+FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
+LAB_NETWORK = "        ip: 10.0.3.10/24\n        gateway: 10.0.3.1\n"  # the fleet's first host
+
+
+def ipv6_fleet(tmp_path: Path, bind: str) -> Path:
+    """The lab fleet with its first node IPv6-only (reached at 2001:db8::10) and that server's bind."""
+    text = FLEET.read_text()
+    assert LAB_NETWORK in text and text.count("        address: 10.0.3.10\n") == 1
+    text = text.replace(LAB_NETWORK, "        ip: none\n        ip6: 2001:db8::10/64\n", 1)
+    text = text.replace("        address: 10.0.3.10\n", "        address: 2001:db8::10\n", 1)
+    text = text.replace("      bind: 0.0.0.0                   # the router reaches it from another node",
+                        f"      bind: '{bind}'", 1)
+    path = tmp_path / "fleet.yml"
+    path.write_text(text)
+    return path
+
+
+def test_an_ipv6_only_worker_must_listen_on_ipv6_and_is_reached_in_brackets(tmp_path: Path) -> None:
+    with pytest.raises(hostfile.HostFileError) as caught:
+        hostfile.load(ipv6_fleet(tmp_path, "0.0.0.0"))
+    assert [problem.split(": ", 1)[1].split(" (line")[0] for problem in caught.value.problems] == [
+        "hosts[0].server.bind: 0.0.0.0 listens on IPv4 only, and the router reaches pve-lab's node at 2001:db8::10: "
+        "bind '::'"]
+    fleet = hostfile.load(ipv6_fleet(tmp_path, "::"))
+    router = derive.derive_router(fleet)
+    assert router is not None
+    assert router.workers[0].url == "http://[2001:db8::10]:30000"
+    assert router.url == "http://[2001:db8::10]:30080"  # the router runs on that node, bound to all

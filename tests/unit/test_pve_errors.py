@@ -41,6 +41,12 @@ ROWS = [
     (595, "No route to host", "transient", "re-run"),
     (503, "Service Unavailable", "transient", "re-run"),
     (None, "ConnectionError: Connection aborted.", "transient", None),
+    # Review: a timeout that is not the config lock's is no lock, and every hot-plug failure aborts.
+    (500, "hookscript error for 200 on pre-start: command '/var/lib/vz/snippets/h.sh' failed: got timeout", "refused",
+     None),
+    (400, "Parameter verification failed. (net0: unable to hotplug net0: bridge 'vmbr9' does not exist)", "refused",
+     "pct stop"),
+    (500, "ipcc_send_rec[1] failed: Connection refused", "transient", "pve-cluster"),
 ]
 
 

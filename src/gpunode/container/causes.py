@@ -35,7 +35,7 @@ HOST_NODES_FIX = f"the Proxmox host lacks that device node: {HOST_STAGE_FIX}"
 # Matched in order against the message and Proxmox's per-parameter errors; the first match wins.
 RULES: tuple[Rule, ...] = (
     # -- refusals: the same request gets the same answer ----------------------------------------
-    _rule(r"unable to hotplug (?:dev|mp)\d+", "refused",
+    _rule(r"unable to hotplug \w+", "refused",
           "nothing of the change was written (Proxmox aborts the whole update on a failed hot-plug); fix what "
           "it names, or stop the container (`pct stop <vmid>`) and re-run: a stopped container takes the "
           "change at once, and --restart-container cannot help because the update fails before the restart",
@@ -68,12 +68,15 @@ RULES: tuple[Rule, ...] = (
           "Proxmox refused the value named above: correct it in the host file",
           "pve-common src/PVE/Exception.pm raise_param_exc (line 88)"),
     # -- transient: another task holds a lock, the cluster is briefly without quorum -------------
-    _rule(r"can't lock file .* got timeout|got timeout", "transient",
+    _rule(r"can't lock file '[^']*' - got timeout", "transient",
           "another task holds the container's config lock: wait for it to finish and re-run",
           "pve-common src/PVE/Tools.pm run_with_timeout (line 167) under lock_file_full (line 264)"),
     _rule(r"cfs-lock .* error|got lock request timeout", "transient",
           "the cluster filesystem lock was busy: wait and re-run; `pvecm status` shows the cluster's state",
           "pve-cluster src/PVE/Cluster.pm $cfs_lock (lines 628, 683)"),
+    _rule(r"ipcc_send_rec\[\d+\] failed", "transient",
+          "the cluster filesystem (pmxcfs) did not answer: `systemctl status pve-cluster` on the host, then re-run",
+          "pve-cluster src/PVE/Cluster.pm &$ipcc_send_rec (lines 153, 163)"),
     _rule(r"no quorum", "transient",
           "the cluster has no quorum: bring the other nodes back (`pvecm status`), then re-run",
           "pve-cluster src/PVE/Cluster.pm check_cfs_quorum (line 129)"),

@@ -28,8 +28,16 @@ DEV_KEY = re.compile(r"^dev\d+$")
 MP_KEY = re.compile(r"^mp\d+$")
 MAX_MP = 256  # mp0..mp255 (pve-container's MAX_MOUNT_POINTS)
 MAX_DEV = 256  # dev0..dev255 (pve-container src/PVE/LXC/Config.pm $MAX_DEVICES, line 39)
-# gpunode's devN entries are the NVIDIA nodes; a devN for any other path is the operator's and stays.
-NVIDIA_PREFIX = "/dev/nvidia"
+# gpunode's devN entries are the NVIDIA nodes it hands in (nvidia_device_facts finds exactly these:
+# /dev/nvidiaN, the control and optional nodes, MIG's capability nodes); a devN for any other path,
+# /dev/nvidia-nvswitch* or IMEX channels included, is the operator's and stays.
+_GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
+
+
+def managed(path: str) -> bool:
+    """Whether a devN path is one of the NVIDIA nodes gpunode passes through."""
+    return bool(_GPU_NODE.match(path)) or path in CONTROL_NODES or path in OPTIONAL_NODES or \
+        path.startswith(f"{CAPS_DIR}/")
 # Written only at creation (Proxmox keeps no record of them in the config).
 CREATE_ONLY = ("ostemplate", "ssh-public-keys", "vmid")
 # Can only change by re-creating the container.
@@ -123,20 +131,23 @@ FASTPLUG = frozenset({"description", "onboot", "startup", "protection", "hostnam
                       "lock"})
 CGROUP_LIVE = frozenset({"memory", "swap", "cpulimit", "cpuunits"})
 NET_KEY = re.compile(r"^net\d+$")
+NET_ADDED = frozenset({"hwaddr", "type"})  # what Proxmox writes into a netN line itself
 # devN hot-plug (only adding one) came with pve-container 6.0.4 (commit c702167 "implement device
 # hotplug"), first shipped in Proxmox VE 9.0; PVE 8 hot-plugs no devN.
 DEV_HOTPLUG_SINCE = (9, 0)
 
 
-def hotplug(version: PveVersion, change: Change, running: bool, current: Collection[str] | None = None) -> Applies:
+def hotplug(version: PveVersion, change: Change, running: bool, current: Mapping[str, Any] | None = None) -> Applies:
     """Whether Proxmox ``version`` applies ``change`` at once or at the container's next start.
 
     A stopped container takes every change into its config at once (vmconfig_apply_pending).
     On a running one (vmconfig_hotplug_pending): the FASTPLUG keys, cgroup limits and netN live;
     a NEW mpN live, and since PVE 9.0 a new devN, while a changed or deleted one is skipped
     ("don't try to hotplug over existing mp/dev"); everything else (features, ...) at the start.
-    ``current``: the keys of the container's current config (not its pending view), which is
-    what "new" means to Proxmox; without it, a key the live view lacks counts as new.
+    ``current``: the container's current config (not its pending view), which is what "new" means
+    to Proxmox; without it, a key the live view lacks counts as new. A change that only undoes a
+    pending one (setting the value the container runs with, deleting a key it does not run with)
+    is dropped by Proxmox's cleanup_pending at once (pve-guest-common AbstractConfig.pm).
     """
     if not running or change.how == "resize":  # the disk grows online (PUT .../resize)
         return "live"
@@ -144,6 +155,10 @@ def hotplug(version: PveVersion, change: Change, running: bool, current: Collect
         return "restart"
     key = change.key
     if key in FASTPLUG or key in CGROUP_LIVE or NET_KEY.match(key):
+        return "live"
+    if current is not None and (
+            (change.how == "set" and key in current and _same(key, str(current[key]), change.after))
+            or (change.how == "delete" and key not in current)):
         return "live"
     new = change.how == "set" and (key not in current if current is not None else change.before is None)
     if MP_KEY.match(key):
@@ -192,9 +207,10 @@ def _same(key: str, live: str | None, want: str | None) -> bool:
         a, b = props(live), props(want)
         return a.get("_", "").split(":")[0] == b.get("_", "").split(":")[0] and size_gb(a.get("size", "0")) == size_gb(b.get("size", "0"))
     if key.startswith("net"):
-        # Proxmox adds hwaddr and type; only what the host file sets is compared.
+        # Proxmox adds hwaddr and type (pve-container src/PVE/LXC/Config.pm parse_lxc_network, line 1566); every other
+        # setting is the host file's, both ways: an ip6 or gw the host file no longer gives goes.
         a, b = props(live), props(want)
-        return all(a.get(k) == v for k, v in b.items())
+        return {k: v for k, v in a.items() if k not in NET_ADDED} == {k: v for k, v in b.items() if k not in NET_ADDED}
     if key == "features" or DEV_KEY.match(key) or MP_KEY.match(key):
         return props(live) == props(want)
     if key == "tags":
@@ -285,13 +301,13 @@ def _key_number(key: str) -> int:
 
 
 def place_devices(live: Mapping[str, Any], devices: Mapping[str, str],
-                  reserved: Collection[str] = ()) -> dict[str, str | None]:
+                  current: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     """devN keys for ``devices`` (value by host path) against the live config: the key that already
     passes a path keeps it, a new path takes the lowest free key (in ``devices``' order), and each
-    other devN of an NVIDIA path gets None (deleted), as does a second key for the same path. The
-    operator's devN for other devices keep their keys, untouched. ``reserved``: keys that are not
-    free though the live view lacks them (the current config's, while their delete is pending: a
-    new path there would be a change, not an addition)."""
+    other devN of an NVIDIA node gpunode manages gets None (deleted), as does a second key for the
+    same path. The operator's devN for other devices keep their keys, untouched. ``current``: the
+    config the running container has (its pending deletes still in it): a path whose key waits
+    to be deleted there takes that key back, which cancels the delete, and those keys are not free."""
     placed: dict[str, str | None] = {}
     held: dict[str, str] = {}  # path -> the key that keeps it
     for key in sorted((k for k in live if DEV_KEY.match(k)), key=_key_number):
@@ -299,9 +315,15 @@ def place_devices(live: Mapping[str, Any], devices: Mapping[str, str],
         if path in devices and path not in held:
             held[path] = key
             placed[key] = devices[path]
-        elif path.startswith(NVIDIA_PREFIX):
+        elif managed(path):
             placed[key] = None
-    taken = {key for key in [*live, *reserved] if DEV_KEY.match(key)}
+    running = current or {}
+    for key in sorted((k for k in running if DEV_KEY.match(k) and k not in live), key=_key_number):
+        path = device_path(running[key])
+        if path in devices and path not in held:  # its delete is pending: setting it again undoes that
+            held[path] = key
+            placed[key] = devices[path]
+    taken = {key for key in [*live, *running] if DEV_KEY.match(key)}
     free = (f"dev{n}" for n in range(MAX_DEV) if f"dev{n}" not in taken)
     for path, value in devices.items():
         if path not in held:
@@ -316,7 +338,7 @@ def lost_nodes(config: Mapping[str, Any], host_nodes: Collection[str]) -> dict[s
     """gpunode's devN entries (key -> path) whose node the Proxmox host does not have."""
     found = set(host_nodes)
     return {key: device_path(value) for key, value in config.items()
-            if DEV_KEY.match(key) and device_path(value).startswith(NVIDIA_PREFIX) and device_path(value) not in found}
+            if DEV_KEY.match(key) and managed(device_path(value)) and device_path(value) not in found}
 
 
 def mounted_sources(client: PveClient, node: str, under: str) -> list[str]:
@@ -417,9 +439,9 @@ class Wanted:
         base = self.config
         return {**base, **place_mounts(base, self.mounts), **place_devices(base, self.devices or {})}
 
-    def against(self, live: Mapping[str, Any], current: Collection[str]) -> dict[str, Any]:
+    def against(self, live: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         """The desired config keyed against the live one (keys kept, new ones lowest free)."""
-        placed = place_devices(live, self.devices, reserved=current) if self.devices is not None else {}
+        placed = place_devices(live, self.devices, current) if self.devices is not None else {}
         return {**self.config, **place_mounts(live, self.mounts), **placed}
 
 
@@ -446,6 +468,9 @@ def ensure(
     from a fresh read, which is what makes a retried write safe: nothing is sent twice on the
     strength of a stale view. A refusal fails at once.
     """
+    # A YAML true in the module's free config: Proxmox's booleans are 0 and 1 only (pve-common
+    # src/PVE/JSONSchema.pm check_type, line 1251), and "True" would never equal the live "1".
+    desired = {key: int(value) if isinstance(value, bool) else value for key, value in desired.items()}
     vmid = int(desired["vmid"])
     given = sorted((key for key in desired if DEV_KEY.match(key)), key=_key_number)
     if given:
@@ -598,14 +623,15 @@ def _converge(ct: Converger, wanted: Wanted, result: Result, check_mode: bool,
                 result.after.pop(c.key, None)
 
 
-def _settle_pending(ct: Converger, version: PveVersion, changes: list[Change], current: Collection[str],
+def _settle_pending(ct: Converger, version: PveVersion, changes: list[Change], current: Mapping[str, Any],
                     running: bool, result: Result, check_mode: bool, allow_restart: bool) -> None:
     """What waits for a restart: read back after a write, predicted by ``hotplug`` in check mode
     (together with what earlier runs left pending); restarted only when allowed."""
     if check_mode:
         predicted = {c.key: hotplug(version, c, running, current) for c in changes}
         waiting = [key for key, how in predicted.items() if how == "restart"]
-        pending = sorted(set(waiting) | set(ct.pending())) if running else []
+        undone = {key for key, how in predicted.items() if how == "live"}  # e.g. a delete set back
+        pending = sorted(set(waiting) | (set(ct.pending()) - undone)) if running else []
         result.applies = predicted
     else:
         pending = ct.pending() if running else []

@@ -48,6 +48,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -257,6 +258,11 @@ class Realizer:
             return None
         return str(name)
 
+    def passthrough(self, vmid: Any) -> Path:
+        """Where the nodes hot-plugged into container ``vmid`` are made (LXC.pm line 2368:
+        /var/lib/lxc/VMID/passthrough)."""
+        return self.state.parent / "passthrough" / str(vmid)
+
     def plug(self, ct: Any, value: str) -> str | None:
         """Hot-plug one devN value into the LXC container of ``ct``; why it failed, or None."""
         name = self.realized_container(ct)
@@ -275,11 +281,14 @@ class Realizer:
             if stat.S_ISCHR(inside.st_mode) and inside.st_rdev == host.st_rdev:
                 return None  # already there: the lab's LXC config hands it in
         # create_passthrough_device_node (LXC.pm line 1897): a node of our own, with the devN's mode.
-        node = self.state.parent / "passthrough" / str(ct.vmid) / path.lstrip("/")
+        # Its folder is emptied at each start (pve-container mounts a fresh tmpfs there in its
+        # prestart hook), so a second plug of one path in one run fails as it does there.
+        node = self.passthrough(ct.vmid) / path.lstrip("/")
         node.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            node.unlink()
-        os.mknod(node, (host.st_mode & (stat.S_IFCHR | stat.S_IFBLK)) | (mode or 0o600), host.st_rdev)
+        try:
+            os.mknod(node, (host.st_mode & (stat.S_IFCHR | stat.S_IFBLK)) | (mode or 0o600), host.st_rdev)
+        except OSError as exc:
+            return f"failed to mknod {node}: {exc.strerror}"
         if mode:
             os.chmod(node, mode)
         try:
@@ -592,7 +601,7 @@ class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
             self._sync()
             raise PveError(400, "Parameter verification failed.",
                            {key: f"unable to hotplug {key}: {msg}" for key, msg in sorted(failed.items())})
-        # Written; then update_lxc_config (API2/LXC/Config.pm line 263 -> LXC.pm line 777) stats
+        # Written; then update_lxc_config (API2/LXC/Config.pm line 264 -> LXC.pm line 777) stats
         # every devN of the config as it runs now: a node the host lost fails every update, after
         # the write.
         why = self._devices_problem({k: v for k, v in ct.config.items() if DEV_KEY.fullmatch(k)})
@@ -600,6 +609,7 @@ class LabPve(FakePve):  # type: ignore[misc]  # fakepve has no type information
             raise PveError(500, why)
 
     async def _start_steps(self, ct: Any, user: str, skiplock: bool = False) -> None:
+        shutil.rmtree(self.realizer.passthrough(ct.vmid), ignore_errors=True)
         await super()._start_steps(ct, user, skiplock)
         self._sync()  # on start pve-container mounts every mount point of the config
 
