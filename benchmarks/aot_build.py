@@ -35,11 +35,13 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpunode import derive, profiles, stacks  # noqa: E402
+from gpunode import derive
+
+from gpunode.catalogue import profiles, stacks
 from gpunode.hostfile import load  # noqa: E402
-from gpunode.image import build  # noqa: E402
-from gpunode.image.aot import modules_json, profile_modules  # noqa: E402
-from gpunode.image.context import AOT_BUILDER, AOT_SCRIPT, images_dir  # noqa: E402
+from gpunode.stages.image import build  # noqa: E402
+from gpunode.catalogue.aot import modules_json, profile_modules  # noqa: E402
+from gpunode.derive.imagecontext import AOT_BUILDER, AOT_SCRIPT, images_dir  # noqa: E402
 
 SMALL = "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_head_dim_kpe_64_profiler_False"
 CUTLASS_CPU_S_PER_SOURCE = 128.0 * 2 / 3  # FIELD-NOTES s8: fp4_gemm_cutlass_sm120, 12.0a, 128 s wall on 2 cores, 3 sources

@@ -138,7 +138,7 @@ def e2e(out: Path) -> None:
     from fakes.process import fake_server, model_dir
 
     from gpunode.bench.command import bench
-    from gpunode.smoke.bench import LocalBenchRunner
+    from gpunode.stages.smoke.bench import LocalBenchRunner
 
     work = Path("/tmp/gpunode-bench-e2e")
     work.mkdir(exist_ok=True)

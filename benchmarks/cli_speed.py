@@ -3,7 +3,7 @@
 runs them, and count the modules `validate` loads.
 
 Targets: --help under 1 s, plan under 2 s (issue 2); validate under 1 s, loading neither docker,
-ansible_runner nor the lab (issue 33: 645 modules and 1.09 s before the floors). Each command runs
+ansible_runner nor the lab (issue 33: 645 modules, docker among them, and 0.86 s before the floors). Each command runs
 as a fresh process (imports included) REPEAT times; the median is compared with the target. Prints
 JSON; exits 1 when a target is missed.
 
@@ -62,7 +62,7 @@ def main() -> int:
                          "pass": median < TARGETS[name], "samples": len(samples)}
     loaded = subprocess.run([sys.executable, "-c", COUNT_MODULES, example], capture_output=True, text=True, cwd=ROOT)
     counted = json.loads(loaded.stderr.strip().splitlines()[-1])
-    results["validate"].update(modules=counted["modules"], heavy=counted["heavy"])
+    results["validate"].update(modules=counted["modules"], modules_before_floors=645, heavy=counted["heavy"])
     results["validate"]["pass"] = results["validate"]["pass"] and not counted["heavy"]
     print(json.dumps(results, indent=2))
     return 0 if all(r["pass"] for r in results.values()) else 1

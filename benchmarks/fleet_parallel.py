@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import gpunode.lab as lab  # noqa: E402
+import gpunode_lab as lab  # noqa: E402
 
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
 STAGES = "host,container,node,image,serve,smoke"

@@ -25,8 +25,8 @@ from docker.errors import ImageNotFound
 from rich.console import Console
 
 from gpunode.hostfile import Image
-from gpunode.image import build
-from gpunode.image.context import VENV, collect_inputs
+from gpunode.stages.image import build
+from gpunode.derive.imagecontext import VENV, collect_inputs
 
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 PLAIN_BUILD_BYTES = 11.9e9  # a plain build of the same pins on a Debian base (FIELD-NOTES s4)

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakes import SHIM  # noqa: E402 - the test fakes, put on the path just above
 from fakes.process import fake_server, model_dir  # noqa: E402
 
-from gpunode.serve import readiness  # noqa: E402
-from gpunode.smoke import bench  # noqa: E402
-from gpunode.smoke.command import smoke  # noqa: E402
+from gpunode.stages.serve import readiness  # noqa: E402
+from gpunode.stages.smoke import bench  # noqa: E402
+from gpunode.stages.smoke.command import smoke  # noqa: E402
 
 TARGETS = {"readiness_latency_s": 2.0, "smoke_overhead_s": 10.0}
 REAL_HEALTH = {"FAKE_SGLANG_HEALTH_TICK_S": "1.0"}  # sglang's asyncio.sleep(1) in health_generate

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpunode.plan import HostPlan
+from gpunode.derive.plan import HostPlan
 
 
 def _print_live_applies(live: dict[str, Any], console: Console) -> None:

@@ -23,12 +23,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpunode import exitcodes, inventory
-from gpunode.hostfile import HostFile
-from gpunode.paths import ANSIBLE_CFG, COLLECTIONS_PATH, PLAYBOOKS, state_dir
-from gpunode.redact import HIDDEN, redact
+from gpunode.ground import exitcodes
 
-# Exit codes: gpunode.exitcodes (README "Exit codes").
+from gpunode import inventory
+from gpunode.hostfile import HostFile
+from gpunode.ground.paths import ANSIBLE_CFG, COLLECTIONS_PATH, PLAYBOOKS, state_dir
+from gpunode.ground.redact import HIDDEN, redact
+
+# Exit codes: gpunode.ground.exitcodes (README "Exit codes").
 EXIT_OK = exitcodes.OK
 EXIT_FAILED = exitcodes.FAILED
 EXIT_BAD_INPUT = exitcodes.BAD_INPUT

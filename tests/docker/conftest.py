@@ -12,8 +12,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from gpunode.lab.image import ensure_fake_image
-from gpunode.serve.spec import jit_cache_volume
+from gpunode_lab.image import ensure_fake_image
+from gpunode.derive.serverspec import jit_cache_volume
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ci import CiValueError, under_ci  # noqa: E402 - tests/ put on the path just above

@@ -18,12 +18,12 @@ from rich.console import Console
 
 from gpunode import hostfile
 from gpunode.hostfile import Host
-from gpunode import handoff
-from gpunode.serve import docker_run
-from gpunode.serve import spec as specs
-from gpunode.serve.command import ServeOutcome, run_serve
-from gpunode.smoke import bench
-from gpunode.smoke.command import smoke
+from gpunode.catalogue import handoff
+from gpunode.stages.serve import docker_run
+from gpunode.derive import serverspec as specs
+from gpunode.stages.serve.command import ServeOutcome, run_serve
+from gpunode.stages.smoke import bench
+from gpunode.stages.smoke.command import smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import PortTaken, closed_port, on_free_port  # noqa: E402 - tests/ put on the path just above

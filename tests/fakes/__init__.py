@@ -5,7 +5,7 @@ them, so the real command lines work unchanged with ``PYTHONPATH=<standin>/shim`
 the server as a local process (through held_socket_server.py, on a socket bound by the test), and
 ports.py gives every test its ports."""
 
-from gpunode.lab.contract import STANDIN
+from gpunode_lab.contract import STANDIN
 
 FAKES = STANDIN
 SHIM = FAKES / "shim"

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from gpunode.lab.contract import STANDIN
+from gpunode_lab.contract import STANDIN
 
 sys.path.insert(0, str(STANDIN))
 import sglang_server  # noqa: E402 - found through the path set just above

@@ -31,7 +31,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpunode.cli import app
-from gpunode.yamlsource import load_yaml, plain_value
+from gpunode.ground.yamlsource import load_yaml, plain_value
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = [ROOT / "inventory" / "example" / "host.yml", ROOT / "inventory" / "lab" / "host.yml",

@@ -1,5 +1,5 @@
 """Run the fake SGLang server as a local process, and watch it the way readiness watches a
-container (``gpunode.serve.readiness.ServerHandle``). The server gets its port as a socket bound
+container (``gpunode.stages.serve.readiness.ServerHandle``). The server gets its port as a socket bound
 here and handed over (held_socket_server.py), so the other xdist worker cannot take it meanwhile."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpunode.serve.readiness import ProcessState
+from gpunode.stages.serve.readiness import ProcessState
 
 from .held_socket_server import FD_VARIABLE
 from .ports import bound_socket, port_of

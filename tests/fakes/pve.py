@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpunode.container import lxc
-from gpunode.container.client import Connection
+from gpunode.stages.container import lxc
+from gpunode.stages.container.client import Connection
 
 NODE = "pve1"
 TEMPLATE = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"

@@ -16,7 +16,7 @@ import yaml
 
 from gpunode import derive
 from gpunode.hostfile import Host, Image, load
-from gpunode.image import BuildResult, build
+from gpunode.stages.image import BuildResult, build
 
 # This machine's proxy intercepts TLS: the host's bundle holds its CA (README of images/sglang).
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")

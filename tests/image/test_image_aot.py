@@ -17,11 +17,13 @@ import docker
 import pytest
 from rich.console import Console
 
-from gpunode import derive, profiles, stacks
+from gpunode import derive
+
+from gpunode.catalogue import profiles, stacks
 from gpunode.hostfile import Host, load
-from gpunode.image import BuildResult, VerifyReport, build, verify
-from gpunode.image.aot import AotPlan, modules_json, profile_modules
-from gpunode.image.context import AOT_BUILDER, AOT_SCRIPT, LABEL_PREFIX, images_dir
+from gpunode.stages.image import BuildResult, VerifyReport, build, verify
+from gpunode.catalogue.aot import AotPlan, modules_json, profile_modules
+from gpunode.derive.imagecontext import AOT_BUILDER, AOT_SCRIPT, LABEL_PREFIX, images_dir
 
 pytestmark = pytest.mark.image
 

@@ -16,9 +16,9 @@ import pytest
 from rich.console import Console
 
 from gpunode.hostfile import Image, ImagePins, load
-from gpunode.image import BuildError, BuildResult, Finding, VerifyReport, build, image_tag, verify
-from gpunode.image.context import LABEL_PREFIX, images_dir
-from gpunode.image.verify import TARGET_ARCH
+from gpunode.stages.image import BuildError, BuildResult, Finding, VerifyReport, build, image_tag, verify
+from gpunode.derive.imagecontext import LABEL_PREFIX, images_dir
+from gpunode.stages.image.verify import TARGET_ARCH
 from gpunode.derive import server_launch
 
 pytestmark = pytest.mark.image

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.image import BuildResult
+from gpunode.stages.image import BuildResult
 
 pytestmark = pytest.mark.image
 ROOT = Path(__file__).resolve().parents[2]

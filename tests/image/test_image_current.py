@@ -13,12 +13,14 @@ import sys
 import docker
 import pytest
 
-from gpunode import derive, profiles, stacks
+from gpunode import derive
+
+from gpunode.catalogue import profiles, stacks
 from gpunode.hostfile import Host
-from gpunode.image import BuildResult, VerifyReport, verify
-from gpunode.image.aot import modules_json, profile_modules
-from gpunode.image.context import LABEL_PREFIX
-from gpunode.lab.contract import STANDIN
+from gpunode.stages.image import BuildResult, VerifyReport, verify
+from gpunode.catalogue.aot import modules_json, profile_modules
+from gpunode.derive.imagecontext import LABEL_PREFIX
+from gpunode_lab.contract import STANDIN
 
 pytestmark = pytest.mark.image
 

@@ -25,10 +25,10 @@ import pytest
 from rich.console import Console
 
 from gpunode.hostfile import Image
-from gpunode.image import BuildError, build
-from gpunode.image.base import BaseDigest, ensure_registry_base
-from gpunode.image.bases import parse
-from gpunode.image.context import LABEL_PREFIX
+from gpunode.stages.image import BuildError, build
+from gpunode.stages.image.base import BaseDigest, ensure_registry_base
+from gpunode.catalogue.bases import parse
+from gpunode.derive.imagecontext import LABEL_PREFIX
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import PortTaken, on_free_port  # noqa: E402 - tests/ put on the path just above
@@ -129,7 +129,7 @@ def test_pull_records_the_digest_and_a_moved_tag_is_said(engine: docker.DockerCl
     assert first.digest is not None and first.digest.startswith("sha256:")
     assert first.earlier == () and first.moved() is None
 
-    # An image gpunode built from that content: its labels record the digest (gpunode.image.build).
+    # An image gpunode built from that content: its labels record the digest (gpunode.stages.image.build).
     stand_in(engine, f"{registry}/gpunode-test/built-from-first:1", "server",
              labels={f"{LABEL_PREFIX}.base": ref, f"{LABEL_PREFIX}.base.digest": first.digest})
     # Upstream republishes the tag with other content.

@@ -11,8 +11,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from gpunode.image import BuildResult
-from gpunode.lab.contract import STANDIN
+from gpunode.stages.image import BuildResult
+from gpunode.catalogue.sglangargs import ARGS_DIR
+from gpunode_lab.contract import STANDIN
 
 pytestmark = pytest.mark.image
 
@@ -27,7 +28,7 @@ def test_the_stand_ins_flag_data_is_the_real_parsers(image: str, data: str, engi
     dumped = engine.containers.run(tag, ["python3", "-c", (FAKES / "dump_sglang_args.py").read_text()],
                                    remove=True, network_disabled=True, stderr=False)
     real = json.loads(dumped)
-    shipped = json.loads((FAKES / data).read_text())
+    shipped = json.loads((ARGS_DIR / data).read_text())
     assert len(real["actions"]) > 300
     assert shipped == real
 

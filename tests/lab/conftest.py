@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ci import CiValueError, under_ci  # noqa: E402 - tests/ put on the path just above

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import gpunode.lab as lab
-from gpunode.p2p import stage as p2p_stage
-from gpunode.lab import kernels as labkernels
-from gpunode.lab.image import fake_tag
-from gpunode.container.client import Connection, PveClient
-from gpunode.serve.spec import CONTAINER_NAME
+import gpunode_lab as lab
+from gpunode.stages.p2p import stage as p2p_stage
+from gpunode_lab import kernels as labkernels
+from gpunode_lab.image import fake_tag
+from gpunode.stages.container.client import Connection, PveClient
+from gpunode.derive.serverspec import CONTAINER_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
@@ -252,7 +252,7 @@ VERSION_FILES = ("sys/module/nvidia/version", "proc/driver/nvidia/version")
 
 def upgrade_host_driver(old: str, new: str) -> None:
     """What a driver upgrade leaves on the host: the new version loaded, its files, the ld cache."""
-    from gpunode.lab import driver as labdriver
+    from gpunode_lab import driver as labdriver
 
     labdriver.lay_out(lab.HOST_DRIVER_LAYOUT, FACTS, new)
     for rel in VERSION_FILES:

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-import gpunode.lab as lab
-from gpunode.container.causes import HOST_STAGE_FIX
-from gpunode.container.client import Connection, PveClient, PveError
-from gpunode.lab import pve as labpve
-from gpunode.lab.contract import SSH_PUBKEY
+import gpunode_lab as lab
+from gpunode.stages.container.causes import HOST_STAGE_FIX
+from gpunode.stages.container.client import Connection, PveClient, PveError
+from gpunode_lab import pve as labpve
+from gpunode_lab.contract import SSH_PUBKEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
@@ -244,7 +244,7 @@ def test_without_the_hosts_tree_nothing_is_written(gpunode) -> None:
 # ----------------------------------------------------------------------------- device hot-plug
 # The lab's Proxmox hot-plugs a new devN into the running LXC container gpunode-lab as
 # pve-container 6 does (a node made in a passthrough folder, bind-mounted onto a file created at
-# its path) and refuses what Proxmox refuses (gpunode.lab.pverules). A third fake GPU
+# its path) and refuses what Proxmox refuses (gpunode_lab.pverules). A third fake GPU
 # (/dev/nvidia2, char 195:2) is made on the lab's Proxmox host for these tests only, and removed
 # again with whatever they plugged, whatever happens.
 

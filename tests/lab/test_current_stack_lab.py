@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

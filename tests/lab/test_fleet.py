@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 from gpunode import derive, hostfile
-from gpunode.engine import forward
-from gpunode.router.api import RouterApi, read_metrics, worker_requests
-from gpunode.router.spec import CONTAINER_NAME as ROUTER_CONTAINER
-from gpunode.serve.spec import CONTAINER_NAME as SERVER_CONTAINER
+from gpunode.stages.engine import forward
+from gpunode.stages.router.api import RouterApi, read_metrics, worker_requests
+from gpunode.derive.routerspec import CONTAINER_NAME as ROUTER_CONTAINER
+from gpunode.derive.serverspec import CONTAINER_NAME as SERVER_CONTAINER
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

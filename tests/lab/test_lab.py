@@ -1,4 +1,4 @@
-"""The local lab (gpunode.lab) stands in for a Proxmox host with GPUs: check that it really does.
+"""The local lab (gpunode_lab) stands in for a Proxmox host with GPUs: check that it really does.
 
 Needs the lab up (`gpunode lab up`, as root); skipped otherwise, except under CI (CI=1, true or
 yes: tests/fakes/ci.py) where a lab that is not up is a failure.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,4 @@
-"""gpunode.lab.pve for real: bind mount points set through the lab's fakepve appear in the lab's
+"""gpunode_lab.pve for real: bind mount points set through the lab's fakepve appear in the lab's
 LXC container `gpunode-lab` the way pve-container realizes them.
 
 A fakepve container of its own (VMID, hostname gpunode-lab, which is what ties it to the LXC
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import lab
-from gpunode.lab import pve as labpve
-from gpunode.container.client import Connection, PveClient, PveError
-from gpunode.container.lxc import Converger
+import gpunode_lab as lab
+from gpunode_lab import pve as labpve
+from gpunode.stages.container.client import Connection, PveClient, PveError
+from gpunode.stages.container.lxc import Converger
 
 pytestmark = pytest.mark.lab
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

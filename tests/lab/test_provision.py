@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import gpunode.lab as lab
-from gpunode.container.causes import HOST_STAGE_FIX
+import gpunode_lab as lab
+from gpunode.stages.container.causes import HOST_STAGE_FIX
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

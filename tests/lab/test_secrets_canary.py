@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import gpunode.lab as lab
+import gpunode_lab as lab
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"

@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import derive, plan, profiles, stacks
+from gpunode import derive
+
+from gpunode.derive import plan
+
+from gpunode.catalogue import profiles, stacks
 from gpunode.hostfile import HostFileError, load
-from gpunode.image import aot
-from gpunode.image.verify import aot_findings, judge, nvcc_compile_finding, sm_of
+from gpunode.catalogue import aot
+from gpunode.stages.image.verify import aot_findings, judge, nvcc_compile_finding, sm_of
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "image" / "aot-h200" / "aot_h200.json"

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpunode import derive, engine, hostfile, profiles
+from gpunode import derive, hostfile
+
+from gpunode.stages import engine
+
+from gpunode.catalogue import profiles
 from gpunode.hostfile import Ssh
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 from gpunode.bench import command, sweep
 from gpunode.bench.command import bench, parse_ab
 from gpunode.bench.sampler import SampleSet
-from gpunode.smoke import bench as smoke_bench
+from gpunode.stages.smoke import bench as smoke_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes import SHIM  # noqa: E402 - tests/ put on the path just above
@@ -383,7 +383,7 @@ def test_production_restart_overrides_the_host_files_flags(monkeypatch: pytest.M
     """``serve_restart``: run_serve with server.flags overridden; the URL from the host file."""
     from gpunode import derive, hostfile
     from gpunode.bench import restart as restart_mod
-    from gpunode.serve import command as serve_command
+    from gpunode.stages.serve import command as serve_command
 
     host = hostfile.load(Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.yml").hosts[0]
     host = restart_mod.overridden(host, {"--max-running-requests": 512})

@@ -13,8 +13,8 @@ from jsonschema import Draft7Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
-from gpunode.node import cdi
-from gpunode.lab.contract import HOST_DRIVER_LAYOUT  # the recording the lab ships
+from gpunode.stages.node import cdi
+from gpunode_lab.contract import HOST_DRIVER_LAYOUT  # the recording the lab ships
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SCHEMA_DIR = FIXTURES / "cdi"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpunode.check import CheckReport, CheckResult, as_json, render
+from gpunode.checks.run import CheckReport, CheckResult, as_json, render
 from gpunode.checks import LAYERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -135,7 +135,7 @@ def test_report_exit_codes_for_unreachable_and_nothing_run() -> None:
 
 
 def test_command_failure_shows_the_command_and_stderr_never_the_script() -> None:
-    from gpunode.check import command_failure
+    from gpunode.checks.run import command_failure
 
     script = "import json\\n" + "x = 1\\n" * 5000  # a facts script's body, as testinfra puts it in its repr
     text = (f"RuntimeError: CommandResult(backend=<testinfra.backend.ssh.SshBackend object at 0x7f>, exit_status=1, "
@@ -152,7 +152,7 @@ def test_our_message_wins_over_pytests_explanation() -> None:
     not ours to show."""
     from types import SimpleNamespace
 
-    from gpunode.check import _message
+    from gpunode.checks.run import _message
 
     crash = ("AssertionError: a container with the GPU hand-off did not start: no such image -> run `gpunode "
              "provision --tags node`\nassert 125 == 0\n +  where 125 = CommandResult(backend=<x>, exit_status=125, "

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gpunode import cli
 from gpunode.cli import app
-from gpunode.stages import STAGE_NAMES
+from gpunode.ground.stagelist import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventory" / "lab" / "host.yml"
@@ -36,7 +36,8 @@ class Reached(Exception):
 def tripwires(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
     """Nothing past the checks may run: the playbook run, the checks, the lab's secret files. A
     playbook run records what it was asked, then stops the command."""
-    from gpunode import check, runner
+    from gpunode.checks import run as check
+    from gpunode import runner
 
     calls: list[dict[str, Any]] = []
 
@@ -255,8 +256,8 @@ def test_rich_markup_in_a_name_is_printed_as_it_is(tmp_path: Path) -> None:
 
 
 def test_one_line_escapes_every_control_character_and_keeps_the_rest() -> None:
-    """The CLI prints each error through gpunode.text.one_line."""
-    from gpunode.text import one_line
+    """The CLI prints each error through gpunode.ground.text.one_line."""
+    from gpunode.ground.text import one_line
 
     controls = "".join(map(chr, [*range(0x20), *range(0x7F, 0xA0)]))
     shown = one_line(controls)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.paths import ANSIBLE_CFG, COLLECTION, PLAYBOOKS
+from gpunode.ground.paths import ANSIBLE_CFG, COLLECTION, PLAYBOOKS
 
 BIN = Path(sys.executable).parent
 MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py"))

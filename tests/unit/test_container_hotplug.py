@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpunode import hostfile
-from gpunode.container import live, lxc
-from gpunode.container.client import Connection, PveClient, PveError, PveVersion
+from gpunode.stages.container import live, lxc
+from gpunode.stages.container.client import Connection, PveClient, PveError, PveVersion
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above

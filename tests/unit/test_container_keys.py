@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils import nvidia_nodes
-from gpunode.container import lxc
-from gpunode.container.client import Connection, PveClient, PveError
+from gpunode.stages.container import lxc
+from gpunode.stages.container.client import Connection, PveClient, PveError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.container import lxc
-from gpunode.container.client import Connection, PveClient, PveError, TaskFailed
+from gpunode.stages.container import lxc
+from gpunode.stages.container.client import Connection, PveClient, PveError, TaskFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above
@@ -373,7 +373,7 @@ def test_operators_own_tags_and_lines_are_left_alone(fakepve: Any, conn: Connect
 
 def test_refused_connection_is_unreachable(fakepve_cafile: str) -> None:
     """Not retried as a whole (how fast: benchmarks/bad_input.py)."""
-    from gpunode.container.client import PveUnreachable
+    from gpunode.stages.container.client import PveUnreachable
 
     with closed_port() as port:  # held by this test, never listening: every connection is refused
         client = PveClient(Connection(url=f"https://127.0.0.1:{port}", node=NODE, password="x",

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from gpunode.paths import MODULE_UTILS
+from gpunode.ground.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("nvidia_nodes", MODULE_UTILS / "nvidia_nodes.py")

@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpunode.cli import app
-from gpunode.serve import diagnose as d
-from gpunode.serve import logread
+from gpunode.stages.serve import diagnose as d
+from gpunode.stages.serve import logread
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_diagnose_signatures import REAL  # noqa: E402  (the real messages, one source)
@@ -105,7 +105,7 @@ def test_a_path_swapped_for_a_fifo_after_the_check_does_not_block(tmp_path: Path
     fifo, regular = tmp_path / "log.fifo", tmp_path / "file.log"
     os.mkfifo(fifo)
     regular.write_text("x\n")
-    race = (f"import os\nfrom gpunode.serve import logread\nreal = os.stat\n"
+    race = (f"import os\nfrom gpunode.stages.serve import logread\nreal = os.stat\n"
             f"logread.os.stat = lambda path, *a, **k: real({str(regular)!r}) if path == {str(fifo)!r} else real(path)\n"
             f"try:\n    logread.open_path({str(fifo)!r})\nexcept logread.LogUnreadable as exc:\n    print(exc)\n")
     result = subprocess.run([sys.executable, "-c", race], capture_output=True, text=True, timeout=HANG_S)

@@ -1,4 +1,4 @@
-"""Every signature of gpunode.serve.diagnose against the exact text the real component prints.
+"""Every signature of gpunode.stages.serve.diagnose against the exact text the real component prints.
 
 Each text below was read from the named source (package, version, file:line) or reproduced in the
 sglang 0.5.9 image on this machine (CUDA's initialisation with a stand-in libcuda whose cuInit
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.serve import diagnose as d
+from gpunode.stages.serve import diagnose as d
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = "/opt/sglang/lib/python3.11/site-packages"
@@ -222,7 +222,7 @@ def test_diagnose_cli_healthy_unknown_and_bad_input(tmp_path: Path) -> None:
 
 def test_the_stand_ins_failure_texts_are_the_real_ones() -> None:
     """Each failure the lab's stand-in server can be told to have prints one of the texts above."""
-    from gpunode.lab.standin.sglang_server import TRACEBACKS
+    from gpunode_lab.standin.sglang_server import TRACEBACKS
 
     real = {text for _, text in REAL}
     for crash, (_phase, _who, lines) in TRACEBACKS.items():

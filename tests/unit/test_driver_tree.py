@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import driver as labdriver
-from gpunode.lab.contract import HOST_DRIVER_LAYOUT
-from gpunode.paths import MODULE_UTILS
+from gpunode_lab import driver as labdriver
+from gpunode_lab.contract import HOST_DRIVER_LAYOUT
+from gpunode.ground.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = HOST_DRIVER_LAYOUT  # the lab ships the recording (gpunode/lab/recorded)

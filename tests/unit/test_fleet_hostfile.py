@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from gpunode import derive, inventory
-from gpunode.check import check_groups
+from gpunode.checks.run import check_groups
 from gpunode.hostfile import HostFile, HostFileError, load
-from gpunode.plan import router_plan
-from gpunode.router import image as router_image
-from gpunode.router import spec as router_spec
+from gpunode.derive.plan import router_plan
+from gpunode.derive import routerimage as router_image
+from gpunode.derive import routerspec as router_spec
 from gpunode.runner import failed_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_a_bare_on_key_says_what_yaml_made_of_it(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yml"
     path.write_text(FLEET.read_text().replace("  runs_on: pve-lab", "  on: pve-lab"))
     found = problems(path)
-    # YAML 1.2 (gpunode.yamlsource) reads 'on' as text, no longer as true: an unknown key, with its fix.
+    # YAML 1.2 (gpunode.ground.yamlsource) reads 'on' as text, no longer as true: an unknown key, with its fix.
     assert any("router.on: unknown key (did you mean 'runs_on'?)" in line for line in found), found
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpunode.host import vfio
-from gpunode.host.findings import Expectations, evaluate
-from gpunode.paths import MODULE_UTILS
-from gpunode.lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
+from gpunode.stages.host import vfio
+from gpunode.stages.host.findings import Expectations, evaluate
+from gpunode.ground.paths import MODULE_UTILS
+from gpunode_lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "fixtures" / "host" / "h200"

@@ -1,4 +1,4 @@
-"""How a host file is read (issue #31 item 1, gpunode.yamlsource and the models' strict types):
+"""How a host file is read (issue #31 item 1, gpunode.ground.yamlsource and the models' strict types):
 each class of input that crashed, hung or was silently taken is now refused by ``gpunode validate``
 with one line naming the file, the path and the line, and exit 2; what the YAML subset does take
 is taken as YAML 1.2 says."""
@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from gpunode import hostfile
 from gpunode.cli import app
-from gpunode.text import shown
-from gpunode.yamlsource import MAX_BYTES, MAX_VALUES, load_yaml
+from gpunode.ground.text import shown
+from gpunode.ground.yamlsource import MAX_BYTES, MAX_VALUES, load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = (ROOT / "inventory" / "example" / "host.yml").read_text()

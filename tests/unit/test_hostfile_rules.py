@@ -18,7 +18,7 @@ from gpunode.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
-STANDIN = ROOT / "src" / "gpunode" / "lab" / "standin"
+STANDIN = ROOT / "src" / "gpunode" / "images" / "sglang" / "args"  # each release's parser, dumped
 PROFILE = "glm5-nvfp4-sm120"  # the seeds' stack's profile: --tp-size 8
 RELEASE = "sglang 0.5.9 (stack sglang-0.5.9-cu128)"
 SECRET_REF = "{env: NAME}, {file: PATH} or {vault: PATH}"
@@ -240,7 +240,9 @@ def test_without_tp_in_the_profile_tp_is_given_by_its_full_names(tmp_path: Path,
     not derive, which reads the size (for the P2P stage and the bench) by its full names."""
     import dataclasses
 
-    from gpunode import derive, profiles
+    from gpunode import derive
+
+    from gpunode.catalogue import profiles
 
     load = profiles.load
     monkeypatch.setattr(profiles, "load", lambda name: dataclasses.replace(
@@ -608,8 +610,8 @@ def test_a_missing_router_ca_bundle_is_refused_before_plan(tmp_path: Path) -> No
 
 def test_whatever_else_plan_cannot_compute_is_refused_by_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last rule: validate makes the plan, so no valid file has a plan that fails."""
-    from gpunode import plan
-    from gpunode.image.context import ImageInputError
+    from gpunode.derive import plan
+    from gpunode.derive.imagecontext import ImageInputError
 
     def fails(host: object) -> None:
         raise ImageInputError("images/sglang/base-packages.txt is missing")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpunode.hostfile import Image
-from gpunode.image import bases
-from gpunode import stacks
-from gpunode.image.context import LOCK, TOOLCHAIN_LOCK, collect_inputs, images_dir, lock_versions, version_matches
+from gpunode.catalogue import bases
+from gpunode.catalogue import stacks
+from gpunode.derive.imagecontext import LOCK, TOOLCHAIN_LOCK, collect_inputs, images_dir, lock_versions, version_matches
 
 DEVEL = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
 DIGEST = "sha256:" + "ab" * 32

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from gpunode.image.build import BuildDisplay
+from gpunode.stages.image.build import BuildDisplay
 
 
 def display() -> tuple[BuildDisplay, io.StringIO]:

@@ -1,4 +1,4 @@
-"""Template rendering, tag derivation and the lock-vs-pins check of gpunode.image.context."""
+"""Template rendering, tag derivation and the lock-vs-pins check of gpunode.derive.imagecontext."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import stacks
+from gpunode.catalogue import stacks
 from gpunode.hostfile import Image, ImagePins
-from gpunode.image.context import (
+from gpunode.derive.imagecontext import (
     CA_IN_CONTEXT,
     DebootstrapBase,
     ImageInputError,
@@ -81,7 +81,7 @@ def test_debootstrap_base_ref_follows_its_spec() -> None:
 
 def test_render_debootstrap_base_has_no_apt_step() -> None:
     inputs = collect_inputs(Image(base="debootstrap"))
-    assert inputs.dockerfile.startswith("# Rendered by gpunode.image")
+    assert inputs.dockerfile.startswith("# Rendered by gpunode.derive.imagecontext")
     assert f"FROM {inputs.base_ref}\n" in inputs.dockerfile
     assert "apt-get" not in inputs.dockerfile
     assert "--require-hashes --no-deps --only-binary=:all:" in inputs.dockerfile

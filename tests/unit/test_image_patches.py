@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.image.context import images_dir
-from gpunode.image.patches import PatchFormatError, applies, blocks_present, parse_patch
+from gpunode.derive.imagecontext import images_dir
+from gpunode.catalogue.patches import PatchFormatError, applies, blocks_present, parse_patch
 
 AUTOTUNE = "0001-flashinfer-autotune-cutlass.patch"
 RUNNER = "sglang/srt/model_executor/model_runner.py"

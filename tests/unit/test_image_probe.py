@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from gpunode.image.probe import EM_CUDA, cubin_arch, main
+from gpunode.stages.image.probe import EM_CUDA, cubin_arch, main
 
 
 def cubin(tmp_path: Path, name: str, flags: int, abi_version: int, machine: int = EM_CUDA) -> str:

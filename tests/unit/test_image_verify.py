@@ -1,4 +1,4 @@
-"""The finding logic of gpunode.image.verify: facts in, named pass/fail findings out (no Docker)."""
+"""The finding logic of gpunode.stages.image.verify: facts in, named pass/fail findings out (no Docker)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpunode import stacks
-from gpunode.image.patches import parse_patch
-from gpunode.image.verify import (
+from gpunode.catalogue import stacks
+from gpunode.catalogue.patches import parse_patch
+from gpunode.stages.image.verify import (
     PROBE_MARK,
     VerifyError,
     VerifyReport,

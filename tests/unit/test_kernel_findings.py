@@ -1,5 +1,5 @@
 """Survive kernel updates: module_utils/kernels.py over sysroot-like trees, and the findings
-gpunode.host.findings.check_kernels makes of them (tests/fixtures/host/kernels/README.md)."""
+gpunode.stages.host.findings.check_kernels makes of them (tests/fixtures/host/kernels/README.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.host.findings import Expectations, Finding, check_kernels, evaluate
-from gpunode.paths import MODULE_UTILS
+from gpunode.stages.host.findings import Expectations, Finding, check_kernels, evaluate
+from gpunode.ground.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "fixtures" / "host" / "kernels"
@@ -296,7 +296,7 @@ def test_evaluate_checks_kernels_only_when_gathered() -> None:
 
 
 def test_pin_candidate_and_reboot_safety() -> None:
-    from gpunode.host.reboot import pin_candidate, reboot_safety
+    from gpunode.stages.host.reboot import pin_candidate, reboot_safety
 
     def row(version: str, module: str, boots_next: bool = False) -> dict[str, object]:
         return {"version": version, "module": module, "boots_next": boots_next}

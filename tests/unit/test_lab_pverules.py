@@ -1,4 +1,4 @@
-"""The lab's Proxmox refuses what pve-container and pve-common refuse (gpunode.lab.pverules, issue
+"""The lab's Proxmox refuses what pve-container and pve-common refuse (gpunode_lab.pverules, issue
 #32): each rule against the cases its Perl source names, and the SSH key check (the real
 ssh-keygen, as Proxmox runs it) against gpunode's own check of the same lines."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import sshkeys
-from gpunode.lab import pverules
+from gpunode.hostfile import sshkeys
+from gpunode_lab import pverules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_ssh_keys import KINDS, variants  # noqa: E402 - this folder put on the path just above
@@ -62,15 +62,8 @@ def test_device_nodes_as_get_device_mode_and_rdev(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def public_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("keys")
-    made = {}
-    for name, args in KINDS.items():
-        path = folder / f"id_{name}"
-        subprocess.run(["ssh-keygen", "-q", *args, "-N", "", "-C", f"{name}@test", "-f", str(path)], check=True,
-                       capture_output=True, timeout=60)
-        made[name] = path.with_suffix(".pub").read_text().strip()
-    return made
+def public_keys(key_pairs: dict[str, Path]) -> dict[str, str]:
+    return {name: path.with_suffix(".pub").read_text().strip() for name, path in key_pairs.items()}
 
 
 def test_the_lab_checks_keys_with_ssh_keygen_and_agrees_with_gpunode(public_keys: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""The lab's Proxmox (gpunode.lab.pve's LabPve over fakepve) served in this process, with a Proxmox
+"""The lab's Proxmox (gpunode_lab.pve's LabPve over fakepve) served in this process, with a Proxmox
 host whose /dev is a folder of real device nodes made here, and no LXC container to realize
 (issue #32):
 
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from fakepve.pytest_plugin import _Serving  # type: ignore[import-untyped]  # fakepve's own in-thread server
 
-from gpunode.container import lxc
-from gpunode.container.client import Connection, PveClient, PveError
-from gpunode.lab.pve import LabPve, Realizer
+from gpunode.stages.container import lxc
+from gpunode.stages.container.client import Connection, PveClient, PveError
+from gpunode_lab.pve import LabPve, Realizer
 
 NODE = "pve1"
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpunode.paths import ANSIBLE_CFG
+from gpunode.ground.paths import ANSIBLE_CFG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ports import closed_port  # noqa: E402 - tests/ put on the path just above

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpunode import derive, engine, hostfile, inventory
+from gpunode import derive, hostfile, inventory
+
+from gpunode.stages import engine
 from gpunode.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]

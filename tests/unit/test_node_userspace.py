@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.node import userspace
+from gpunode.stages.node import userspace
 from gpunode.probe import cuda_probe
-from gpunode.lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
+from gpunode_lab.contract import HOST_FACTS_TARBALL  # the recording the lab ships
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "host" / "h200"
 

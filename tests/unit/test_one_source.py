@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode import exitcodes, nvidia
-from gpunode.paths import COLLECTION, IMAGES
+from gpunode.ground import exitcodes, nvidia
+from gpunode.ground.paths import COLLECTION, IMAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = COLLECTION / "roles"
@@ -43,7 +43,7 @@ def test_the_module_docs_defaults_are_gpunode_nvidias() -> None:
 
 def test_the_images_find_the_driver_where_it_is_mounted() -> None:
     """The server image and the stand-in's put the mounted tree on PATH and the loader's path."""
-    from gpunode.lab.image import DOCKERFILE
+    from gpunode_lab.image import DOCKERFILE
 
     template = (IMAGES / "sglang" / "Dockerfile.j2").read_text()
     for text in (template, DOCKERFILE):

@@ -1,4 +1,4 @@
-"""``python3 -m gpunode.p2p`` as a process: input checks, exit codes, what it needs to import."""
+"""``python3 -m gpunode.stages.p2p`` as a process: input checks, exit codes, what it needs to import."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.p2p import command, measure
-from gpunode.p2p.verdict import Expectations
+from gpunode.stages.p2p import command, measure
+from gpunode.stages.p2p.verdict import Expectations
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def p2p(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "gpunode.p2p", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "gpunode.stages.p2p", *args], capture_output=True, text=True, env=env,
                           timeout=120, cwd=ROOT)
 
 
@@ -51,7 +51,7 @@ def test_bad_input_is_refused_before_anything_is_read() -> None:
 
 
 def test_expectations_from_the_example_host_file(tmp_path: Path) -> None:
-    from gpunode.p2p.__main__ import _parser, expectations
+    from gpunode.stages.p2p.__main__ import _parser, expectations
 
     args = _parser().parse_args(["--expect-file", str(ROOT / "inventory" / "example" / "host.yml"),
                                  "--nvlink-gbps", "150"])
@@ -83,7 +83,7 @@ def test_help_lists_the_exit_codes() -> None:
 def test_imports_without_torch_or_pydantic() -> None:
     # The check must run in the server image (no pydantic) and import on hosts without torch.
     code = ("import sys; sys.modules['pydantic'] = None; sys.modules['typer'] = None\n"
-            "import gpunode.p2p.__main__, gpunode.p2p.command, gpunode.p2p.report\n"
+            "import gpunode.stages.p2p.__main__, gpunode.stages.p2p.command, gpunode.stages.p2p.report\n"
             "assert 'torch' not in sys.modules, 'torch imported eagerly'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=60)

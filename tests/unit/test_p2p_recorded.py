@@ -4,7 +4,7 @@ Everything here reads tests/fixtures/p2p, recorded by tests/fixtures/p2p/record.
 machine: the check's JSON and text, the plain timed copy loop it is held to, the pair code path
 with one GPU as both ends, nvidia-smi's own view (-q and topo), and the log of exit codes and wall
 times. No number here is made up, and no recording is edited: the exit codes recorded before
-gpunode.exitcodes gave each code one meaning (2026-12-01) are read through RECORDED_EXIT (the
+gpunode.ground.exitcodes gave each code one meaning (2026-12-01) are read through RECORDED_EXIT (the
 single-GPU pass was 3 then, is 5 now). Tests marked ``recording`` are fixture-integrity checks:
 they read the recordings and no gpunode code.
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from gpunode import exitcodes
-from gpunode.p2p import report, verdict
+from gpunode.ground import exitcodes
+from gpunode.stages.p2p import report, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.recorded import RECORDED_EXIT  # noqa: E402 - tests/ put on the path just above

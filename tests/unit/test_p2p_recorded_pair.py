@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.p2p import report, verdict
+from gpunode.stages.p2p import report, verdict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "p2p" / "h200x2"
 

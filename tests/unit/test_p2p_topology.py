@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpunode.p2p import measure, report, topology
+from gpunode.stages.p2p import measure, report, topology
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((ROOT / "tests" / "fixtures" / "p2p" / "p2p.json").read_text())

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.p2p import report, verdict
-from gpunode.p2p.measure import Bandwidth, DriverProbe, Measurements, PairMeasurements
-from gpunode.p2p.topology import Gpu, PairTopology, Topology
-from gpunode.p2p.verdict import Expectations
+from gpunode.stages.p2p import report, verdict
+from gpunode.stages.p2p.measure import Bandwidth, DriverProbe, Measurements, PairMeasurements
+from gpunode.stages.p2p.topology import Gpu, PairTopology, Topology
+from gpunode.stages.p2p.verdict import Expectations
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = report.result_from_json(json.loads((ROOT / "tests" / "fixtures" / "p2p" / "p2p.json").read_text()))

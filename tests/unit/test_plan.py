@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import derive, hostfile, plan, profiles, stages
-from gpunode.paths import PLAYBOOKS
+from gpunode import derive, hostfile
+
+from gpunode.derive import plan
+
+from gpunode.catalogue import profiles
+
+from gpunode.ground import stagelist as stages
+from gpunode.ground.paths import PLAYBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
@@ -157,7 +163,7 @@ def test_each_stage_is_one_tagged_play() -> None:
 
 
 def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
-    from gpunode.lab.image import FAKE_REPO, fake_tag
+    from gpunode_lab.image import FAKE_REPO, fake_tag
 
     lab = hostfile.load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
     built = plan.plan_host(lab)

@@ -1,4 +1,4 @@
-"""Proxmox's failures classified by cause (gpunode.container.causes): a refusal that would repeat
+"""Proxmox's failures classified by cause (gpunode.stages.container.causes): a refusal that would repeat
 is sent once and reported with Proxmox's text and the fix; only transient ones are retried.
 Counted at the fakepve side, where the requests arrive."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.container import causes, lxc
-from gpunode.container.client import Connection, PveClient, PveError, TaskFailed, _describe
+from gpunode.stages.container import causes, lxc
+from gpunode.stages.container.client import Connection, PveClient, PveError, TaskFailed, _describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.pve import ct_config as config  # noqa: E402 - tests/ put on the path just above

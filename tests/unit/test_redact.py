@@ -1,4 +1,4 @@
-"""gpunode.redact: every shape of secret a log or a message can hold is hidden, nothing else is, and
+"""gpunode.ground.redact: every shape of secret a log or a message can hold is hidden, nothing else is, and
 the cost is linear whatever the text."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpunode.redact import redact, secret_name
+from gpunode.ground.redact import redact, secret_name
 
 SHAPES = [
     # sglang's ServerArgs repr (what sglang logs at start), the only shape hidden before.

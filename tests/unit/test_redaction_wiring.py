@@ -1,4 +1,4 @@
-"""One redaction (gpunode.redact) behind every output of a run: the progress lines and the log,
+"""One redaction (gpunode.ground.redact) behind every output of a run: the progress lines and the log,
 each failure (hence the recap and summary.json), ansible-runner's artifacts and gpunode check's
 messages hide the run's own secret values and the shapes of secrets (a server log's api_key=...)."""
 
@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpunode import check, hostfile, inventory, runner
-from gpunode.check import CheckReport, CheckResult
+from gpunode.checks import run as check
+
+from gpunode import hostfile, inventory, runner
+from gpunode.checks.run import CheckReport, CheckResult
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "-the-runs-own-key-51c"

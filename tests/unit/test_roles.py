@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpunode.paths import COLLECTION
+from gpunode.ground.paths import COLLECTION
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (COLLECTION / "roles").iterdir() if (p / "defaults" / "main.yml").exists())
@@ -28,8 +28,8 @@ def test_argument_specs_equal_defaults(role: str) -> None:
 
 
 def test_there_are_roles() -> None:
-    """One role per stage, named as the stage (gpunode.stages), and the tasks they share."""
-    from gpunode.stages import STAGE_NAMES
+    """One role per stage, named as the stage (gpunode.ground.stagelist), and the tasks they share."""
+    from gpunode.ground.stagelist import STAGE_NAMES
 
     assert ROLES == sorted([*STAGE_NAMES, "common"])
 

@@ -13,11 +13,11 @@ import pytest
 from rich.console import Console
 
 from gpunode import hostfile
-from gpunode import handoff
-from gpunode.serve import docker_run
-from gpunode.serve import spec as specs
-from gpunode.serve.command import EXIT_BAD_INPUT, EXIT_UNREACHABLE, run_serve
-from gpunode.serve.diagnose import diagnose_docker_error
+from gpunode.catalogue import handoff
+from gpunode.stages.serve import docker_run
+from gpunode.derive import serverspec as specs
+from gpunode.stages.serve.command import EXIT_BAD_INPUT, EXIT_UNREACHABLE, run_serve
+from gpunode.stages.serve.diagnose import diagnose_docker_error
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "example" / "host.yml"
 

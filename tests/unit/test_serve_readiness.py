@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.serve import readiness
-from gpunode.serve.diagnose import diagnose, redact
+from gpunode.stages.serve import readiness
+from gpunode.stages.serve.diagnose import diagnose, redact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.process import fake_server  # noqa: E402 - tests/ put on the path just above

@@ -9,10 +9,11 @@ import pytest
 
 from gpunode import derive, hostfile
 from gpunode.hostfile import Host
-from gpunode import handoff
-from gpunode.serve import docker_run, launch
-from gpunode.serve import spec as specs
-from gpunode.serve.command import build_spec, probe_address
+from gpunode.catalogue import handoff
+from gpunode.stages.serve import docker_run
+from gpunode.derive import serverlaunch as launch
+from gpunode.derive import serverspec as specs
+from gpunode.stages.serve.command import build_spec, probe_address
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
@@ -104,7 +105,7 @@ def test_api_key_goes_through_a_key_file_and_the_launcher_never_the_spec(host: H
 def test_the_launcher_hands_any_key_to_sglangs_parser_as_one_argument(key: str) -> None:
     """A key that begins with '-' as sglang's own parser reads it (the stand-in rebuilds that parser
     from the data dumped from sglang 0.5.9 and 0.5.23): the value, not an error or a flag."""
-    from gpunode.lab.standin import sglang_server
+    from gpunode_lab.standin import sglang_server
 
     argv = launch.launch_argv("sglang.launch_server", ["--model-path=/model", "--tp-size=8"], key)
     assert argv[0] == "sglang.launch_server" and argv[-1] == "--api-key=" + key
@@ -133,7 +134,7 @@ def test_the_launcher_runs_the_module_as_python_m_does(tmp_path: Path) -> None:
     key_file = tmp_path / "key.json"
     key_file.write_bytes(specs.api_key_file_content("-dash-key"))
     code = (f"import runpy, sys; sys.path.insert(0, {str(tmp_path)!r}); "
-            f"import gpunode.serve.launch as l; l.KEY_FILE = {str(key_file)!r}; "
+            f"import gpunode.derive.serverlaunch as l; l.KEY_FILE = {str(key_file)!r}; "
             "sys.argv = ['launch.py', 'fake_entry', '--tp-size=8']; l.main()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

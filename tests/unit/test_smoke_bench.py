@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from gpunode.smoke import bench
+from gpunode.stages.smoke import bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes import SHIM  # noqa: E402 - tests/ put on the path just above

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.smoke import checks
-from gpunode.smoke.client import StreamEvent
+from gpunode.stages.smoke import checks
+from gpunode.stages.smoke.client import StreamEvent
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.smoke import bench
-from gpunode.smoke.command import smoke
+from gpunode.stages.smoke import bench
+from gpunode.stages.smoke.command import smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes import SHIM  # noqa: E402 - tests/ put on the path just above

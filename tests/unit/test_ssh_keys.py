@@ -15,33 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import hostfile, sshkeys
+from gpunode import hostfile
+
+from gpunode.hostfile import sshkeys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_module_failures import LXC_ARGS, run_module  # noqa: E402 - this folder put on the path just above
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.keys import KEY_KINDS as KINDS  # noqa: E402
 from fakes.ports import closed_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example" / "host.yml"
-KINDS = {"ed25519": ["-t", "ed25519"], "rsa": ["-t", "rsa", "-b", "3072"], "ecdsa256": ["-t", "ecdsa", "-b", "256"],
-         "ecdsa384": ["-t", "ecdsa", "-b", "384"], "ecdsa521": ["-t", "ecdsa", "-b", "521"]}
 PRIVATE = "a private key, not a public key"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A fresh key pair of each kind, made by ssh-keygen: name -> private key file (.pub beside it)."""
-    assert shutil.which("ssh-keygen"), "ssh-keygen (openssh-client) is needed: it makes the keys and is the oracle"
-    folder = tmp_path_factory.mktemp("keys")
-    made = {}
-    for name, args in KINDS.items():
-        path = folder / f"id_{name}"
-        subprocess.run(["ssh-keygen", "-q", *args, "-N", "", "-C", f"{name}@test", "-f", str(path)], check=True,
-                       capture_output=True, timeout=60)
-        made[name] = path
-    return made
+def keys(key_pairs: dict[str, Path]) -> dict[str, Path]:
+    return key_pairs
 
 
 def public(keys: dict[str, Path], name: str) -> str:

@@ -8,13 +8,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode import derive, plan, profiles, stacks
+from gpunode import derive
+
+from gpunode.derive import plan
+
+from gpunode.catalogue import profiles, stacks
 from gpunode.bench.command import AB_PRESETS, parse_ab
 from gpunode.bench.restart import overridden
 from gpunode.hostfile import HostFileError, ImagePins, load
-from gpunode.image import aot
-from gpunode.image.context import collect_inputs, lock_pin_mismatches, lock_versions
-from gpunode.lab.contract import STANDIN
+from gpunode.catalogue import aot
+from gpunode.derive.imagecontext import collect_inputs, lock_pin_mismatches, lock_versions
+from gpunode.catalogue.sglangargs import ARGS_DIR
+from gpunode_lab.contract import STANDIN
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = STANDIN  # the stand-in server the lab ships
@@ -36,7 +41,7 @@ def lab_file(tmp_path: Path, image: dict | None = None, server: dict | None = No
 
 
 def real_flags(version: str) -> set[str]:
-    data = json.loads((FAKES / f"sglang_{version.replace('.', '_')}_args.json").read_text())
+    data = json.loads((ARGS_DIR / f"sglang_{version.replace('.', '_')}_args.json").read_text())
     assert data["source"].startswith(f"sglang {version} ")
     return {flag for action in data["actions"] for flag in action["flags"]}
 

@@ -12,11 +12,11 @@ import pytest
 from rich.console import Console
 
 from gpunode import derive, hostfile, runner
-from gpunode.engine import Forward
-from gpunode.serve import command as serve_command
-from gpunode.serve import stage as serve_stage
-from gpunode.serve.diagnose import Diagnosis
-from gpunode.stage import StageResult, Target
+from gpunode.stages.engine import Forward
+from gpunode.stages.serve import command as serve_command
+from gpunode.stages.serve import stage as serve_stage
+from gpunode.stages.serve.diagnose import Diagnosis
+from gpunode.stages.common import StageResult, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTE = "lab: memlock capped at 8 MiB (this machine has no CAP_SYS_RESOURCE); a real node gives unlimited"

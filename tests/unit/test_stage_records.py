@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from gpunode import exitcodes
-from gpunode.p2p import stage as p2p_stage
+from gpunode.ground import exitcodes
+from gpunode.stages.p2p import stage as p2p_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.recorded import RECORDED_EXIT  # noqa: E402 - tests/ put on the path just above

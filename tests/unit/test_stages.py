@@ -1,4 +1,4 @@
-"""One name per stage (ARCHITECTURE.md): each stage of gpunode.stages is a play, a role, a package,
+"""One name per stage (ARCHITECTURE.md): each stage of gpunode.ground.stagelist is a play, a role, a package,
 a check layer and a CLI verb of the same name, in the same order everywhere."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gpunode.checks import CHECKS_DIR, LAYERS
-from gpunode.paths import COLLECTION, PLAYBOOKS
-from gpunode.stages import STAGE_NAMES
+from gpunode.ground.paths import COLLECTION, PLAYBOOKS
+from gpunode.ground.stagelist import STAGE_NAMES
 
 GPU_SIDE = ("image", "p2p", "serve", "smoke")
 
@@ -21,10 +21,10 @@ def test_the_stage_is_a_play_a_role_a_package_and_a_layer(name: str) -> None:
     assert play["tags"] == [name] and play["name"].startswith(f"{name}: ")
     assert [role["role"] for role in play["roles"]] == [f"gpunode.core.{name}"]
     assert (COLLECTION / "roles" / name / "tasks" / "main.yml").is_file()
-    package = importlib.import_module(f"gpunode.{name}")
-    assert package.__file__ and package.__file__.endswith(f"gpunode/{name}/__init__.py")
+    package = importlib.import_module(f"gpunode.stages.{name}")
+    assert package.__file__ and package.__file__.endswith(f"gpunode/stages/{name}/__init__.py")
     if name in GPU_SIDE:
-        assert callable(importlib.import_module(f"gpunode.{name}.stage").run)
+        assert callable(importlib.import_module(f"gpunode.stages.{name}.stage").run)
     assert (CHECKS_DIR / f"test_{name}.py").is_file()
 
 

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from gpunode import exitcodes
+from gpunode.ground import exitcodes
 from gpunode.bench import compare, report, roofline
 from gpunode.bench import sweep as sweep_mod
 from gpunode.bench.sampler import Sampler, SampleSet, open_sampler
-from gpunode.smoke.bench import BenchRunner
+from gpunode.stages.smoke.bench import BenchRunner
 
 EXIT_OK = exitcodes.OK
 EXIT_FAILED = exitcodes.FAILED
@@ -75,7 +75,7 @@ def parse_ab(text: str) -> AbSpec:
     if not sep or not key:
         raise ValueError(f"--ab must be KEY=V1,V2, got {text!r}")
     if key == STACK_KEY:
-        from gpunode import stacks
+        from gpunode.catalogue import stacks
 
         unknown = [value.strip() for value in rest.split(",") if value.strip() not in stacks.available()]
         if unknown:

@@ -4,7 +4,7 @@ the host file's ``server.flags`` overridden.
 ``serve_restart(host, image_tag, docker_url, console)`` returns a callable that copies the host
 with ``server.flags`` updated by the overrides (``{}`` gives the host file's own flags back; an
 ``image.stack`` override starts that stack's image with its profile), runs
-``gpunode.serve.command.run_serve`` on it (``docker_run.ensure_server`` replaces the container when
+``gpunode.stages.serve.command.run_serve`` on it (``docker_run.ensure_server`` replaces the container when
 its settings changed, then the readiness wait shows the startup phases), and returns the server's
 URL as seen from the node. A server that does not become ready raises ``RestartFailed`` with the
 diagnosis, which the A/B records as that value's failure.
@@ -43,9 +43,9 @@ def overridden(host: Any, overrides: Mapping[str, FlagValue]) -> Any:
 
 def serve_restart(host: Any, image_tag: str, docker_url: str | None, console: Any,
                   timeout_s: float | None = None, **serve_settings: Any) -> Callable[[dict[str, FlagValue]], str]:
-    """``serve_settings``: run_serve's keywords for the node (gpunode.serve.stage.node_settings:
+    """``serve_settings``: run_serve's keywords for the node (gpunode.stages.serve.stage.node_settings:
     the node's GPU hand-off, the lab's memlock), so a restart starts the server as the serve stage does."""
-    from gpunode.serve import command as serve_command
+    from gpunode.stages.serve import command as serve_command
 
     wait_s = serve_command.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
 

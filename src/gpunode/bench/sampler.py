@@ -20,7 +20,7 @@ asked again; other errors are counted in ``errors``. Nothing in a sampling threa
 tests). Where NVML is absent (no driver, no nvidia-ml-py) ``open_sampler`` returns an
 ``UnavailableSampler`` whose sets say why, and a sweep still runs.
 
-Imports only the standard library, ``gpunode.p2p.topology`` (standard library) and, lazily, pynvml.
+Imports only the standard library, ``gpunode.stages.p2p.topology`` (standard library) and, lazily, pynvml.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from gpunode.p2p.topology import reason_names
+from gpunode.stages.p2p.topology import reason_names
 
 SCHEMA = "gpunode.bench.samples/1"
 DEFAULT_INTERVAL_S = 0.1
@@ -63,7 +63,7 @@ class Sample:
     sm_clock_mhz: int | None = None
     mem_used_mib: float | None = None
     temp_c: int | None = None
-    reasons: int | None = None  # clock-event reasons bitmask (gpunode.p2p.topology.CLOCK_EVENT_REASONS)
+    reasons: int | None = None  # clock-event reasons bitmask (gpunode.stages.p2p.topology.CLOCK_EVENT_REASONS)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode.bench.sampler import SampleSet
-from gpunode.p2p.topology import reason_names
+from gpunode.stages.p2p.topology import reason_names
 
 REASON_SHARE = 0.10  # a thermal or HW slowdown reason active in at least this share of samples counts
 POWER_CAP_SHARE = 0.25

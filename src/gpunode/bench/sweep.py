@@ -29,7 +29,7 @@ from typing import Any
 
 from gpunode.bench import summary
 from gpunode.bench.sampler import Sampler, SampleSet
-from gpunode.smoke import bench as smoke_bench
+from gpunode.stages.smoke import bench as smoke_bench
 
 SCHEMA = "gpunode.bench.level/1"
 MIN_PROMPTS = 32

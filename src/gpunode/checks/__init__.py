@@ -9,7 +9,7 @@ gpunode writes (every expectation travels in its host variables)::
 import re
 from pathlib import Path
 
-from gpunode.stages import STAGE_NAMES
+from gpunode.ground.stagelist import STAGE_NAMES
 
 CHECKS_DIR = Path(__file__).resolve().parent
 # One layer per stage, named as the stage (test_<stage>.py), in the order a node is built: each

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks import UNREACHABLE, result_field, tail
-from gpunode.paths import MODULE_UTILS
+from gpunode.ground.paths import MODULE_UTILS
 
 SSH_FAILED = 255  # ssh's own exit status: the connection failed, the command never ran
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.container import lxc
-from gpunode.container.client import Connection, PveClient
-from gpunode.nvidia import TREE_ROOT
+from gpunode.stages.container import lxc
+from gpunode.stages.container.client import Connection, PveClient
+from gpunode.ground.nvidia import TREE_ROOT
 
 
 @pytest.fixture

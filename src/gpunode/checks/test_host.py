@@ -1,6 +1,6 @@
 """Layer host: the Proxmox host's driver, HMM, vfio, persistenced and device nodes.
 
-The same findings as the host stage's preflight (gpunode.host.findings), one test each, plus what
+The same findings as the host stage's preflight (gpunode.stages.host.findings), one test each, plus what
 the stage manages on disk. A finding the stage has configured but that waits for a reload or
 reboot is reported as pending (xfail), not as passing.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import _remote_python
-from gpunode.host.findings import Expectations, evaluate
+from gpunode.stages.host.findings import Expectations, evaluate
 
 FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes",
             "kernel_headers", "dkms_build", "kernel_support")

@@ -9,7 +9,7 @@ import pytest
 
 from gpunode.checks.conftest import docker_inspect, node_record
 from gpunode.hostfile import ImagePins
-from gpunode.image.context import LABEL_PREFIX
+from gpunode.derive.imagecontext import LABEL_PREFIX
 
 FIX = "run `gpunode provision --tags image`"
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpunode import handoff
+from gpunode.catalogue import handoff
 from gpunode.checks.conftest import unit_log_tail
-from gpunode.node.userspace import installed_versions, module_version
-from gpunode.nvidia import CDI_SPEC_FILE, CONTROL_NODES, GPU_MAJOR, MOUNT_POINT
+from gpunode.stages.node.userspace import installed_versions, module_version
+from gpunode.ground.nvidia import CDI_SPEC_FILE, CONTROL_NODES, GPU_MAJOR, MOUNT_POINT
 FIX_CONTAINER = "run `gpunode provision --tags container` (devN changes need --restart-container)"
 FIX_NODE = "run `gpunode provision --tags node`"
 
@@ -58,7 +58,7 @@ FIX_RESTART = "restart the container so it mounts the host's current tree: `gpun
 
 
 def _handoff_args(gpu_node: Any, gpunode_host: dict[str, Any]) -> str:
-    """docker run arguments as the node stage and serve hand the GPUs over (gpunode.handoff.choose,
+    """docker run arguments as the node stage and serve hand the GPUs over (gpunode.catalogue.handoff.choose,
     from the node's Docker and its CDI spec)."""
     configured = gpunode_host["container"]["gpu_handoff"]
     info = gpu_node.run("docker info --format '{{json .}}'")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import container_get, docker_inspect, node_record, quote
-from gpunode.router.api import PROBE, probe_answer
-from gpunode.router.spec import CONTAINER_NAME, KEY_FILE
+from gpunode.stages.router.api import PROBE, probe_answer
+from gpunode.derive.routerspec import CONTAINER_NAME, KEY_FILE
 
 FIX = "run `gpunode provision <host file> --tags router`"
 

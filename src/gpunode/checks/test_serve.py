@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import container_get, docker_inspect, quote
-from gpunode.serve.spec import API_KEY_FILE, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
+from gpunode.derive.serverspec import API_KEY_FILE, JIT_CACHE_MOUNT, container_argv, jit_cache_volume
 
 FIX = "run `gpunode provision --tags serve`"
 LOG_LINES = 8

@@ -1,4 +1,4 @@
-"""Filters for the host stage; the logic lives in gpunode.host.vfio and gpunode.host.reboot (plain,
+"""Filters for the host stage; the logic lives in gpunode.stages.host.vfio and gpunode.stages.host.reboot (plain,
 tested Python).
 
 They run on the controller, with gpunode's own interpreter.
@@ -12,8 +12,8 @@ from typing import Any
 from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
-    from gpunode.host.reboot import pin_candidate, reboot_safety
-    from gpunode.host.vfio import nvidia_ids_in, release_cmdline, release_modprobe
+    from gpunode.stages.host.reboot import pin_candidate, reboot_safety
+    from gpunode.stages.host.vfio import nvidia_ids_in, release_cmdline, release_modprobe
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
     nvidia_ids_in = release_cmdline = release_modprobe = None  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""Filters for the node stage; the logic lives in gpunode.node.userspace and gpunode.node.cdi (plain, tested Python).
+"""Filters for the node stage; the logic lives in gpunode.stages.node.userspace and gpunode.stages.node.cdi (plain, tested Python).
 
 They run on the controller, with gpunode's own interpreter.
 """
@@ -11,9 +11,9 @@ from typing import Any
 from ansible_collections.gpunode.core.plugins.plugin_utils.gpunode_package import filters_needing_gpunode
 
 try:
-    from gpunode import handoff
-    from gpunode.node.cdi import spec_json
-    from gpunode.node.userspace import installed_versions, module_version, needs_install
+    from gpunode.catalogue import handoff
+    from gpunode.stages.node.cdi import spec_json
+    from gpunode.stages.node.userspace import installed_versions, module_version, needs_install
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
     installed_versions = module_version = needs_install = spec_json = None  # type: ignore[assignment]
@@ -25,7 +25,7 @@ else:
 def docker_handoff_args(docker_info: dict[str, Any], gpus: Any, configured: str,
                         cdi_spec: dict[str, Any] | None = None) -> list[str]:
     """`docker run` arguments for the hand-off the host file configures, chosen as serve chooses it
-    (gpunode.handoff.choose): the probes start their containers like the server."""
+    (gpunode.catalogue.handoff.choose): the probes start their containers like the server."""
     from ansible.errors import AnsibleFilterError
 
     try:

@@ -5,7 +5,7 @@ NVIDIA DKMS module is not built (headers missing, a failed DKMS build, a driver 
 kernel) and at the next reboot every GPU is gone. This reads, per installed kernel, whether it
 boots next, whether its headers are installed and whether the pinned driver's module is built
 for it, plus the log of the last failed DKMS build. The findings are computed on the controller,
-by gpunode.host.findings.check_kernels.
+by gpunode.stages.host.findings.check_kernels.
 
 Plain Python like nvidia_host.py: it runs as module_utils on the Proxmox host and as a script,
 and every path is read under a root prefix so tests can point it at a tree of files.

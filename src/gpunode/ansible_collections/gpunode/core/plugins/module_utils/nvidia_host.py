@@ -3,7 +3,7 @@
 Plain Python so that it runs as module_utils on the Proxmox host, and as a script on the GPU
 machine that recorded the fixtures. Every path is read under ``root`` so tests and the lab can
 point it at a tree of recorded readings. The findings (what is wrong, and the fix) are computed
-from these facts on the controller, by gpunode.host.
+from these facts on the controller, by gpunode.stages.host.
 """
 
 from __future__ import annotations

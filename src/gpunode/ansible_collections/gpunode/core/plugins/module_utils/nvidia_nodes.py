@@ -12,7 +12,7 @@ import re
 import stat
 
 # The NVIDIA device nodes, one definition for gpunode (FIELD-NOTES s2): the package reads them from
-# here (gpunode.nvidia), the roles' defaults carry copies a unit test holds equal to these.
+# here (gpunode.ground.nvidia), the roles' defaults carry copies a unit test holds equal to these.
 GPU_MAJOR = 195  # /dev/nvidiaN is char 195:N; nvidiactl 195:255, nvidia-modeset 195:254
 GPU_NODE = re.compile(r"^nvidia(\d+)$")
 # Every CUDA process needs these besides one /dev/nvidiaN per GPU; the nvidia-uvm pair has a

@@ -98,7 +98,7 @@ def main() -> None:
 
 
 def _run(module: AnsibleModule) -> None:
-    from gpunode.host.findings import Expectations, as_dicts, evaluate
+    from gpunode.stages.host.findings import Expectations, as_dicts, evaluate
 
     p = module.params
     expect = Expectations(p["driver_version"], p["open_module"], p["disable_hmm"], p["release_vfio"],

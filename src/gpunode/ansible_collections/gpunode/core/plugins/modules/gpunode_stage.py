@@ -80,8 +80,8 @@ def main() -> None:
 def _run(module: AnsibleModule) -> None:
     from pydantic import ValidationError
 
-    from gpunode import stage
-    from gpunode.engine import EngineUnreachable
+    from gpunode.stages import common as stage
+    from gpunode.stages.engine import EngineUnreachable
 
     p = module.params
     try:

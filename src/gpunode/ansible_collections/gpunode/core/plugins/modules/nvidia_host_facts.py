@@ -44,7 +44,7 @@ EXAMPLES = r"""
 RETURN = r"""
 facts:
   description:
-    - The host's state, key by key, as gpunode.host.findings reads it.
+    - The host's state, key by key, as gpunode.stages.host.findings reads it.
     - C(driver) (loaded, version, open module), C(uvm) (HMM disabled or not), C(gpus) (PCI address, id, bound driver),
       C(kernel) (command line, IOMMU), C(os), C(modprobe) (lines configuring vfio or nvidia), C(persistenced), C(devices),
       C(kernels) (the installed kernels, the one that boots next and why, headers and the NVIDIA module per kernel).

@@ -17,7 +17,7 @@ description:
     container already carries one the host lost (Proxmox would fail every config update).
   - A refusal Proxmox would repeat (a missing device, a bad SSH key, a parameter or permission refusal) fails at
     once with Proxmox's message and the fix; only connection errors and transient answers are retried.
-  - Thin over the gpunode package (gpunode.container, on proxmoxer). Runs on the controller (delegated to localhost)
+  - Thin over the gpunode package (gpunode.stages.container, on proxmoxer). Runs on the controller (delegated to localhost)
     with gpunode's interpreter, because the API is reached from there.
   - Owns only what it made. A container it creates carries the C(gpunode) tag and a description line naming the
     host; an existing container without the tag is refused before any write unless O(adopt) is set, and is never
@@ -107,13 +107,13 @@ options:
   control_nodes:
     description:
       - Nodes the host must have and the container gets.
-      - Omitted, gpunode's own list (nvidiactl and the nvidia-uvm pair; C(gpunode.nvidia.CONTROL_NODES)).
+      - Omitted, gpunode's own list (nvidiactl and the nvidia-uvm pair; C(gpunode.ground.nvidia.CONTROL_NODES)).
     type: list
     elements: str
   optional_nodes:
     description:
       - Nodes the container gets when the host has them.
-      - Omitted, gpunode's own list (nvidia-modeset; C(gpunode.nvidia.OPTIONAL_NODES)).
+      - Omitted, gpunode's own list (nvidia-modeset; C(gpunode.ground.nvidia.OPTIONAL_NODES)).
     type: list
     elements: str
   driver_tree:
@@ -130,7 +130,7 @@ options:
   ssh_public_keys_file:
     description:
       - Public keys injected into the container at creation, one per line (OpenSSH format, authorized_keys
-        options allowed). Checked line by line as Proxmox checks them (C(gpunode.sshkeys)) before any request;
+        options allowed). Checked line by line as Proxmox checks them (C(gpunode.hostfile.sshkeys)) before any request;
         a comment line, a private key or a damaged key fails with the file and line.
     type: path
   allow_restart:
@@ -298,8 +298,8 @@ def main() -> None:
 
 def _run(module: AnsibleModule) -> None:
     try:
-        from gpunode.container import lxc
-        from gpunode.container.client import Connection, PveClient, PveError, PveUnreachable
+        from gpunode.stages.container import lxc
+        from gpunode.stages.container.client import Connection, PveClient, PveError, PveUnreachable
     except ImportError as exc:
         module.fail_json(msg=f"gpunode is not importable by {module._name}'s interpreter ({exc}): "
                              "run it through gpunode, which sets ansible_python_interpreter for localhost")
@@ -315,7 +315,7 @@ def _run(module: AnsibleModule) -> None:
         module.fail_json(msg=f"GPU device nodes: {exc}; nothing was changed")
     desired = dict(p["config"])
     if p["ssh_public_keys_file"]:
-        from gpunode import sshkeys
+        from gpunode.hostfile import sshkeys
 
         # Checked as Proxmox checks them (a bad line is its HTTP 500 "SSH public key validation
         # error", naming no line): here the message names the file and the line, before any request.

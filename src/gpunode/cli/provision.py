@@ -1,0 +1,66 @@
+"""provision, and the verbs of the stages that only run on the node: host, container, node, router."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gpunode.cli.common import STAGE_CODES, app, _with_codes
+from gpunode.cli.options import CheckOpt, DiffOpt, HostFileArg, JsonRecapOpt, LimitOpt, VaultOpt, VerboseOpt
+from gpunode.cli.stagerun import run_stages
+
+
+@app.command()
+def provision(
+    path: HostFileArg,
+    check: CheckOpt = False,
+    diff: DiffOpt = False,
+    limit: LimitOpt = None,
+    tags: Annotated[Optional[list[str]], typer.Option("--tags", help="only these stages (comma list)")] = None,
+    start: Annotated[Optional[str], typer.Option("--from", help="start at this stage, run the rest")] = None,
+    restart_container: Annotated[bool, typer.Option(
+        "--restart-container", help="restart a running container when device changes need it")] = False,
+    recreate_container: Annotated[bool, typer.Option(
+        "--recreate-container", help="re-create the container when a change needs it (DESTROYS its disk)")] = False,
+    adopt: Annotated[bool, typer.Option(
+        "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
+                        "converge and mark it")] = False,
+    vault_password_file: VaultOpt = None,
+    as_json: JsonRecapOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
+
+    An existing container without gpunode's tag is never changed (exit 1, naming it) unless
+    --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
+    """
+    run_stages(path, tags, start, check=check, diff=diff, limit=limit,
+               restart_container=restart_container, recreate_container=recreate_container, adopt=adopt,
+               vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
+
+
+def _stage_verb(name: str, summary: str) -> None:
+    """`gpunode <stage> host.yml`: that stage alone, on every host of the file (or --limit), through
+    the same path as provision."""
+
+    def verb(path: HostFileArg, check: CheckOpt = False, diff: DiffOpt = False, limit: LimitOpt = None,
+             vault_password_file: VaultOpt = None, as_json: JsonRecapOpt = False, verbose: VerboseOpt = 0) -> None:
+        run_stages(path, [name], None, check=check, diff=diff, limit=limit,
+                   vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
+
+    verb.__doc__ = f"The {name} stage alone: {summary} (provision --tags {name})."
+    _with_codes(verb, STAGE_CODES)
+    app.command(name)(verb)
+
+
+def _stage_verbs() -> None:
+    """host, container, node and router: only the stage; image (build), p2p, serve and smoke have --local too."""
+    from gpunode.ground.stagelist import STAGES
+
+    for stage in (*STAGES[:3], STAGES[-1]):
+        _stage_verb(stage.name, stage.summary)
+
+
+_stage_verbs()
+_with_codes(provision, "provision")

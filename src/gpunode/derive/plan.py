@@ -1,0 +1,229 @@
+"""What ``gpunode provision`` would do, shown from the host file and its derived values
+(gpunode.derive) alone: nothing is contacted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpunode.catalogue import profiles, stacks
+from gpunode.derive import Derived, container_config, derive, derive_router, dev_entries
+from gpunode.derive.imagecontext import ImageInputError
+from gpunode.ground.text import shown
+from gpunode.ground.yamlsource import YamlSource
+from gpunode.hostfile import Host, HostFile, at
+from gpunode.hostfile import load as hostfile_load
+from gpunode.catalogue import bases
+from gpunode.ground.nvidia import CDI_SPEC_FILE, MOUNT_POINT, TREE_ROOT
+from gpunode.derive.serverspec import CONTAINER_NAME, JIT_CACHE_MOUNT, jit_cache_volume
+from gpunode.ground.stagelist import STAGES
+
+def host_changes(host: Host) -> list[str]:
+    prep = host.prepare
+    changes = []
+    if prep.release_vfio:
+        changes.append("release GPUs bound to vfio-pci: drop their ids from /etc/modprobe.d and the kernel command line, rebuild the initramfs")
+    if prep.disable_hmm:
+        changes.append("options nvidia_uvm uvm_disable_hmm=1 in /etc/modprobe.d (avoids cuInit error 3)")
+    if prep.persistenced:
+        changes.append("nvidia-persistenced enabled and running")
+    changes.append("NVIDIA device nodes created at boot (nvidia-modprobe -u -c=0)")
+    changes.append(f"NVIDIA driver {host.driver.version} (open kernel module) installed if missing")
+    changes.append(f"every installed kernel: its headers (proxmox-headers-<kernel>) installed and the NVIDIA "
+                   f"{host.driver.version} DKMS module built for it (dkms install -k <kernel>), before the reboot "
+                   "that needs it; the recap says whether it is safe to reboot")
+    changes.append("pins the newest kernel the module is built for (proxmox-boot-tool kernel pin) when the one that "
+                   "boots next cannot get it" if prep.pin_kernel else
+                   "never pins a kernel (prepare.pin_kernel): if the module cannot be built for the kernel that boots "
+                   "next, the stage stops before any change")
+    if host.container.gpu_handoff == "host-driver":
+        changes.append(f"the loaded driver's user space as a tree in {TREE_ROOT}/<version> (one per version; "
+                       "the container stage removes those no container mounts)")
+    if prep.allow_module_reload:
+        changes.append("nvidia_uvm reloaded when its options change")
+    changes.append("reboot when needed" if prep.allow_reboot else "never reboots: reports 'reboot needed' instead")
+    return changes
+
+
+def handoff(host: Host) -> dict[str, Any]:
+    """Which GPU and driver hand-off, why, and what each layer holds (host -> container -> Docker)."""
+    version = host.driver.version
+    if host.container.gpu_handoff == "nvidia-runtime":
+        return {"kind": "nvidia-runtime",
+                "why": "container.gpu_handoff picks it: NVIDIA's user space (.run, --no-kernel-module) and "
+                       "nvidia-container-toolkit from NVIDIA's repository inside the container; must be redone "
+                       "after every host driver update",
+                "layers": [f"host: NVIDIA driver {version} (kernel module and user space)",
+                           f"container: devN nodes + NVIDIA's user space {version} installed from its .run",
+                           "Docker: the nvidia runtime (--gpus), no-cgroups = true for LXC"]}
+    tree = f"{TREE_ROOT}/{version}"
+    return {"kind": "host-driver",
+            "why": "default: the host's own user space, shared read-only down the chain; nothing to download from "
+                   "NVIDIA and nothing that can drift from the kernel module",
+            "mount": f"{tree},mp={MOUNT_POINT},ro=1",
+            "layers": [f"host: NVIDIA driver {version}; its user space under its SONAMEs in {tree}/{{lib64,bin}} "
+                       "(hard links, built by the host stage)",
+                       f"container: devN nodes + that tree read-only at {MOUNT_POINT} (an mpN mount point), "
+                       "lib64 on the loader's path; nothing installed",
+                       f"Docker: {CDI_SPEC_FILE} (nodes + each file read-only) through CDI on Docker 25+, "
+                       "else the same list as --device and read-only mounts (Debian 12's Docker 20.10)"]}
+
+
+def image_section(host: Host, derived: Derived | None = None) -> dict[str, Any]:
+    """The image as plan shows it: base and digest status, toolchain, target arch, the FlashInfer
+    modules built ahead of time (and what is left to the JIT), the JIT cache volume."""
+    image = host.image
+    stack = stacks.load(image.stack)
+    base = bases.parse(image.base_name)
+    catalog = bases.base_of(image.base_name)
+    toolchain = bases.toolchain_for(image.base_name, image.toolchain, stack.toolchain)
+    if base.local:
+        digest = "none: made on the build engine with debootstrap (not from a registry)"
+    elif base.digest:
+        digest = f"pinned: {base.digest}"
+    else:
+        digest = ("unpinned tag: the digest pulled is recorded in the image's labels, a later build from a moved "
+                  "tag says so; pin with image.base: <name>@sha256:<digest>")
+    if toolchain is None:
+        toolchain_text = (f"none: base {base.name} has no nvcc; FlashInfer's SM120 kernels cannot be compiled, "
+                          f"and image verify fails (fix: image.base {stacks.load(stacks.DEFAULT).base})")
+    else:
+        toolchain_text = f"{toolchain.name}: CUDA {toolchain.cuda} at {toolchain.cuda_home} ({toolchain.source})"
+        if toolchain.lab_only:
+            toolchain_text += f". LAB STAND-IN: {toolchain.why}"
+    derived = derived or derive(host)
+    planned = derived.aot
+    built = {m.name for m in planned.modules}
+    tag = derived.image_tag
+    return {
+        "tag": tag, "stack": stack.name, "stack_why": stack.why, "stack_cuda": stack.cuda,
+        "stack_driver_min": stack.driver_min, "profile": host.profile_name,
+        "base": image.base_name, "base_why": catalog.why, "base_python": catalog.python,
+        "base_digest": digest, "toolchain": toolchain_text, "gpu_model": image.gpu_model,
+        "target_arch": planned.arch.cuda_arch,
+        "flashinfer_aot": [{"name": m.name, "group": m.group, "why": m.why,
+                            "ahead_of_time": m.name in built} for m in planned.wanted],
+        "flashinfer_aot_note": planned.note,
+        "jit_only": [{"what": item.what, "why": item.why} for item in stack.not_prebuilt],
+        "jit_cache_volume": f"{jit_cache_volume(CONTAINER_NAME)} at {JIT_CACHE_MOUNT} (FlashInfer's workspace: "
+                            "what is compiled at run time survives a container restart)",
+        "build_on": image.build_on, "pins": image.pinned(), "server_image": derived.server_image,
+        "lab_stand_in": image.lab_stand_in,
+    }
+
+
+@dataclass
+class HostPlan:
+    name: str
+    lab: bool
+    notes: list[str]
+    warnings: list[str]
+    api: dict[str, Any]
+    node: dict[str, Any]
+    host_changes: list[str]
+    container: dict[str, Any]
+    dev_rules: list[dict[str, str]]
+    handoff: dict[str, Any]
+    image: dict[str, Any]
+    server: dict[str, Any]
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    # Filled only by `plan --live` (gpunode.stages.container.live.Ownership): whose container the vmid is,
+    # the Proxmox VE version and what a provision would apply at once or at the restart.
+    ownership: dict[str, Any] | None = None
+
+
+def plan_host(host: Host) -> HostPlan:
+    notes: list[str] = []
+    warnings: list[str] = []
+    if host.lab:
+        notes.append(
+            f"LAB: the Proxmox API at {host.api.url} is fakepve, a schema-validating fake of PVE 9; "
+            f"the node that later stages configure is the real lab LXC container at {host.container.reach.address}."
+        )
+    if host.api.auth.method == "token":
+        warnings.append(
+            "devN entries are root@pam only and an API token is refused even for root: the container stage "
+            "will stop before any write. Use auth.method password (root@pam ticket) or local (pvesh on the host)."
+        )
+    if not host.api.tls.verify:
+        warnings.append("TLS verification of the Proxmox API is OFF: anyone on the path can read the credentials")
+    derived = derive(host)
+    launch = derived.launch
+    profile = profiles.load(host.profile_name)
+    gpus = host.container.gpus
+    if isinstance(gpus, list) and len(gpus) != profile.gpus:
+        warnings.append(f"profile {profile.name} is tuned for {profile.gpus} GPUs; container.gpus selects {len(gpus)}")
+    reach = host.container.reach
+    return HostPlan(
+        name=host.name,
+        lab=host.lab,
+        notes=notes,
+        warnings=warnings,
+        api={"url": host.api.url, "node": host.api.node, "auth": host.api.auth.method, "user": host.api.auth.user,
+             "tls": "verify" + (f" with CA {host.api.tls.ca_file}" if host.api.tls.ca_file else "")
+             + (f" pinned to {host.api.tls.fingerprint}" if host.api.tls.fingerprint else "")
+             if host.api.tls.verify else "NOT verified"},
+        node={"address": reach.address, "port": reach.port, "user": reach.user},
+        host_changes=host_changes(host),
+        container=container_config(host.container, host.name),
+        dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
+        handoff=handoff(host),
+        image=image_section(host, derived),
+        server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
+                "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
+                "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
+        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES if s.name != "router"],
+    )
+
+
+def make_plan(hostfile: HostFile) -> list[HostPlan]:
+    return [plan_host(host) for host in hostfile.hosts]
+
+
+def router_plan(hostfile: HostFile) -> dict[str, Any] | None:
+    """The router stage, when the host file has a router: where it runs, its image, flags and workers."""
+    derived = derive_router(hostfile)
+    router = hostfile.router
+    if derived is None or router is None:
+        return None
+    where = (f"{derived.runs_on}'s GPU node ({derived.reach.address}), beside its server" if derived.runs_on
+             else f"{derived.reach.user}@{derived.reach.address} (a machine of its own, with Docker Engine)")
+    stage = next(s for s in STAGES if s.name == "router")
+    return {"runs_on": where, "url": derived.url, "policy": router.policy,
+            "api_key": router.api_key.describe() if router.api_key else None,
+            "image": derived.image_tag, "image_base": router.image.base,
+            "image_built_on": "this machine's engine, then shipped" if router.image.build_on == "local"
+            else "the router machine's engine",
+            "command": "python3 /opt/gpunode/router_launch.py " + " ".join(derived.argv)
+            + (" (+ --api-key from the key file, never on the command line)" if router.api_key else ""),
+            "metrics": f"127.0.0.1:{router.metrics_port} on the router machine (Prometheus; per-worker request counts)",
+            "workers": [w.model_dump() for w in derived.workers],
+            "stage": {"name": stage.name, "summary": stage.summary, "checks": list(stage.checks)}}
+
+
+def as_json(plans: list[HostPlan], router: dict[str, Any] | None = None) -> str:
+    return json.dumps({"hosts": [asdict(plan) for plan in plans], "router": router}, indent=2)
+
+
+def plan_problems(hf: HostFile, src: YamlSource) -> list[str]:
+    """What ``gpunode plan`` computes beyond the host file's rules, so that a valid file always has
+    a plan: each host's plan and the router's, each failure at its place in the file."""
+    problems: list[str] = []
+    for index, host in enumerate(hf.hosts):
+        try:
+            plan_host(host)
+        except (ImageInputError, ValueError, LookupError) as exc:
+            problems.append(at(src, ("hosts", index), f"plan cannot be made: {shown(str(exc), limit=240)}"))
+    try:
+        router_plan(hf)
+    except (ImageInputError, ValueError, LookupError) as exc:
+        problems.append(at(src, ("router",), f"plan cannot be made: {shown(str(exc), limit=240)}"))
+    return problems
+
+
+def load(path: Path) -> HostFile:
+    """A host file loaded, validated and planned: what every command that reads one starts from
+    (gpunode.hostfile.load, with the plan as its last rule)."""
+    return hostfile_load(path, plan_problems)

@@ -1,0 +1,28 @@
+"""Where gpunode finds its Ansible collection and image inputs (inside the package, so a wheel
+works from any folder), and where it keeps its state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]  # the gpunode package (this file is in ground/)
+# The folder that holds ansible_collections/: what ANSIBLE_COLLECTIONS_PATH names for gpunode's runs.
+COLLECTIONS_PATH = PACKAGE
+COLLECTION = PACKAGE / "ansible_collections" / "gpunode" / "core"
+PLAYBOOKS = COLLECTION / "playbooks"
+MODULE_UTILS = COLLECTION / "plugins" / "module_utils"
+ANSIBLE_CFG = PACKAGE / "ansible.cfg"
+IMAGES = PACKAGE / "images"
+
+
+def state_dir() -> Path:
+    """Run artifacts and logs: GPUNODE_STATE_DIR, else $XDG_STATE_HOME/gpunode, else ~/.local/state/gpunode.
+
+    Only resolved here; created by the command that writes into it, never by plan or a failed
+    validation, so bad input changes nothing.
+    """
+    if "GPUNODE_STATE_DIR" in os.environ:
+        return Path(os.environ["GPUNODE_STATE_DIR"]).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpunode"

@@ -1,0 +1,19 @@
+"""What a stage run returns: the one result type every stage and the Ansible module share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StageResult:
+    changed: bool = False
+    failed: bool = False
+    summary: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    cause: str | None = None  # why it failed, where the summary's first line is a note, not the cause
+
+    def failure(self) -> str:
+        """The failure's own message (the task's msg, hence the recap's and summary.json's)."""
+        return self.cause or (self.summary[0] if self.summary else "failed")

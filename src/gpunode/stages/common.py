@@ -1,0 +1,116 @@
+"""The GPU-side stages of provision (image, p2p, serve, smoke), run from where gpunode runs: what
+they share. Each stage's own code is its package's ``stage`` module (gpunode.stages.image.stage, ...).
+
+A stage works on one ``Target``: the validated host and the values derived from it once
+(gpunode.derive), as the inventory carries them into Ansible; the Ansible module
+``gpunode.core.gpunode_stage`` turns its arguments back into one and calls ``run``. Each stage runs
+against the node's Docker engine through an SSH forward (gpunode.stages.engine).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+
+from gpunode.derive import Derived, derive
+from gpunode.ground.result import StageResult
+from gpunode.hostfile import Host, SecretRef, Ssh
+from gpunode.stages.engine import forward
+
+GPU_STAGES = ("image", "p2p", "serve", "smoke", "router")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A host and its derived values: what every GPU-side stage works from."""
+
+    host: Host
+    derived: Derived
+
+    @classmethod
+    def of(cls, host: Host) -> Target:
+        return cls(host, derive(host))
+
+    @classmethod
+    def from_data(cls, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> Target:
+        """From the inventory's ``gpunode_host`` and ``gpunode_derived`` (a module checks its input
+        against the models; it computes nothing); ``api_key_file`` is the run's secret file, which
+        stands in for an env secret (those are kept out of Ansible's environment)."""
+        chosen = Host.model_validate(host)
+        if api_key_file and chosen.server.api_key is not None:
+            chosen = chosen.model_copy(update={"server": chosen.server.model_copy(
+                update={"api_key": SecretRef(file=Path(api_key_file))})})
+        return cls(chosen, Derived.model_validate(derived))
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where a stage's engine is: the machine's SSH, the ports to forward, the image the stage needs."""
+
+    ssh: Ssh
+    ports: tuple[int, ...]
+    image: str
+
+
+def console(buffer: io.StringIO) -> Console:
+    """A plain console writing into ``buffer``: a stage's output becomes its summary lines."""
+    return Console(file=buffer, width=160, highlight=False, soft_wrap=True, color_system=None)
+
+
+def node_handoff(host: Host, client: Any) -> Any:
+    """The hand-off the node stage set up, as gpunode.catalogue.handoff chooses it: its CDI spec through
+    Docker's CDI, or read from the node and given as explicit devices and mounts; or NVIDIA's runtime."""
+    from gpunode.catalogue import handoff
+    from gpunode.stages.engine import read_file
+
+    info = client.info()
+    spec = None
+    if host.container.gpu_handoff == "host-driver" and not handoff.cdi_enabled(info):
+        text = read_file(host.container.reach, handoff.CDI_SPEC_FILE)
+        spec = json.loads(text) if text else None
+    return handoff.choose(info, host.container.gpus, local=False, configured=host.container.gpu_handoff,
+                          cdi_spec=spec)
+
+
+def _stage(name: str) -> ModuleType:
+    if name not in GPU_STAGES:
+        raise ValueError(f"unknown GPU-side stage {name!r} (stages: {', '.join(GPU_STAGES)})")
+    return import_module(f"gpunode.stages.{name}.stage")
+
+
+def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> Any:
+    """The stage's target from the inventory's data, as the stage reads it (a host's ``Target``; the
+    router's settings for the router)."""
+    return _stage(name).target_from_data(host, derived, api_key_file)
+
+
+def run(name: str, target: Any, check_mode: bool) -> StageResult:
+    """Run one GPU-side stage for ``target`` on its machine's engine (messages say no stage name:
+    the module puts it in front)."""
+    import docker
+
+    stage = _stage(name)
+    reach: Reach = stage.reach(target)
+    missing = (f"the image {reach.image} is not on the node's engine: run the image stage first "
+               "(`gpunode provision --tags image`)")
+    try:
+        with forward(reach.ssh, reach.ports) as fw:
+            return stage.run(target, fw, check_mode)  # type: ignore[no-any-return]
+    except docker.errors.ImageNotFound:
+        return StageResult(failed=True, summary=[missing])
+    except docker.errors.NotFound as exc:
+        if "No such image" in str(exc):
+            return StageResult(failed=True, summary=[missing])
+        return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
+    except docker.errors.DockerException as exc:
+        return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
+
+
+__all__ = ["GPU_STAGES", "Reach", "StageResult", "Target", "console", "node_handoff", "run", "target_from_data"]

@@ -1,0 +1,60 @@
+"""The serve stage: start the server on the node's engine from the derived image and launch, with
+the hand-off the node stage set up, and wait until it serves (gpunode.stages.serve.command)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from gpunode.stages.engine import Forward, docker_client
+from gpunode.stages.common import Reach, StageResult, Target, console, node_handoff
+
+
+target_from_data = Target.from_data
+
+
+def reach(target: Target) -> Reach:
+    """The node's engine; the image this stage needs there."""
+    return Reach(target.host.container.reach, (), target.derived.server_image)
+
+
+def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) -> StageResult:
+    from gpunode.catalogue.handoff import HandoffError
+    from gpunode.stages.serve.command import run_serve
+
+    if check_mode:
+        return StageResult(summary=["serve: started only in a real run"])
+    buffer = io.StringIO()
+    try:
+        settings, notes = node_settings(target, fw.docker_url)
+    except HandoffError as exc:
+        return StageResult(failed=True, summary=[f"serve: {exc}"])
+    outcome = run_serve(target.host, target.derived.server_image, fw.docker_url, console(buffer), timeout_s,
+                        launch=target.derived.launch, **settings)
+    action = outcome.start.action if outcome.start else "none"
+    lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
+    failed = outcome.exit_code != 0
+    return StageResult(changed=action in ("started", "created", "replaced"), failed=failed,
+                       summary=lines, data=outcome.as_dict(), cause=outcome.cause() if failed else None)
+
+
+def node_settings(target: Target, docker_url: str) -> tuple[dict[str, Any], list[str]]:
+    """How the server starts on the node's engine: run_serve's keywords (the GPU hand-off the node
+    stage set up, and in a lab the memlock limit its machine can give) and notes on them. The serve
+    stage and `gpunode bench --ab`'s restarts start it the same way."""
+    client = docker_client(docker_url)
+    memlock, notes = -1, []
+    if target.host.lab:
+        memlock = _engine_memlock_limit(client, target.derived.server_image)
+        if memlock != -1:
+            notes.append(f"lab: memlock capped at {memlock} bytes, the most this machine gives (no CAP_SYS_RESOURCE); "
+                         "a real node gives the server unlimited")
+    return {"gpu_handoff": node_handoff(target.host, client), "memlock_bytes": memlock, "engine_is_local": False}, notes
+
+
+def _engine_memlock_limit(client: Any, image: str) -> int:
+    """The hard memlock limit a container gets from this engine (-1: unlimited). A lab whose machine
+    is itself a container without CAP_SYS_RESOURCE cannot give the unlimited one sglang asks for."""
+    program = "import resource; print(resource.getrlimit(resource.RLIMIT_MEMLOCK)[1])"
+    output = client.containers.run(image, ["python3", "-c", program], remove=True, network_mode="none")
+    return int(output.decode().strip())
