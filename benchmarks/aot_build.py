@@ -35,10 +35,9 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpunode import derive
-
-from gpunode.catalogue import profiles, stacks
-from gpunode.hostfile import load  # noqa: E402
+from gpunode import derive  # noqa: E402
+from gpunode.catalogue import profiles, stacks  # noqa: E402
+from gpunode.derive.plan import load  # noqa: E402
 from gpunode.stages.image import build  # noqa: E402
 from gpunode.catalogue.aot import modules_json, profile_modules  # noqa: E402
 from gpunode.derive.imagecontext import AOT_BUILDER, AOT_SCRIPT, images_dir  # noqa: E402

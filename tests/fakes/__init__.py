@@ -1,4 +1,4 @@
-"""The stand-in SGLang server the lab ships (gpunode/lab/standin: its HTTP server and startup,
+"""The stand-in SGLang server the lab ships (gpunode_lab/standin: its HTTP server and startup,
 sglang_server.py, and ``python3 -m sglang.bench_serving``, bench_serving.py), as the tests run it:
 ``shim/`` holds a package named ``sglang`` whose ``launch_server`` and ``bench_serving`` modules run
 them, so the real command lines work unchanged with ``PYTHONPATH=<standin>/shim``; process.py runs

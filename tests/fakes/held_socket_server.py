@@ -1,4 +1,4 @@
-"""The stand-in server (gpunode/lab/standin/sglang_server.py) on a socket its parent bound and handed
+"""The stand-in server (gpunode_lab/standin/sglang_server.py) on a socket its parent bound and handed
 over (descriptor number in GPUNODE_TEST_SOCKET_FD): the port is the test's from the moment it is
 picked, and no other process can take it before the server listens (tests/fakes/ports.py).
 

@@ -17,7 +17,7 @@ from gpunode_lab.contract import HOST_DRIVER_LAYOUT
 from gpunode.ground.paths import MODULE_UTILS
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = HOST_DRIVER_LAYOUT  # the lab ships the recording (gpunode/lab/recorded)
+RECORDED = HOST_DRIVER_LAYOUT  # the lab ships the recording (gpunode_lab/recorded)
 TREE_PROBE = ROOT / "tests" / "fixtures" / "host" / "h200" / "driver" / "tree_probe.json"
 LAYOUT = json.loads((RECORDED / "layout.json").read_text())
 VERSION = LAYOUT["version"]

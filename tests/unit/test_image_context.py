@@ -81,7 +81,7 @@ def test_debootstrap_base_ref_follows_its_spec() -> None:
 
 def test_render_debootstrap_base_has_no_apt_step() -> None:
     inputs = collect_inputs(Image(base="debootstrap"))
-    assert inputs.dockerfile.startswith("# Rendered by gpunode.derive.imagecontext")
+    assert inputs.dockerfile.startswith("# Rendered by gpunode.image")
     assert f"FROM {inputs.base_ref}\n" in inputs.dockerfile
     assert "apt-get" not in inputs.dockerfile
     assert "--require-hashes --no-deps --only-binary=:all:" in inputs.dockerfile

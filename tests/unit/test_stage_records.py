@@ -52,3 +52,26 @@ def test_record_carries_no_timings() -> None:
     verdict = _verdict("h200x2/p2p_x2.json")
     text = json.dumps(p2p_stage.record([0, 1], 0, verdict))
     assert "gbps" not in text.lower() and "seconds" not in text
+
+
+def test_the_p2p_archive_runs_alone_as_the_image_runs_it(tmp_path: Path) -> None:
+    """What the p2p stage puts into the server image is the p2p package and the exit codes, no more
+    of gpunode, and it runs from there on its own: here, with no GPU, it says so (exit 4)."""
+    import io
+    import os
+    import subprocess
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(p2p_stage.archive())) as tar:
+        names = sorted(tar.getnames())
+        tar.extractall(tmp_path, filter="data")
+    assert [name for name in names if not name.startswith("gpunode/stages/p2p/")] == [
+        "gpunode/__init__.py", "gpunode/ground/__init__.py", "gpunode/ground/exitcodes.py", "gpunode/stages/__init__.py"]
+    assert "gpunode/stages/p2p/stage.py" not in names and "gpunode/stages/p2p/__main__.py" in names
+    code = ("import sys, runpy; import gpunode; assert gpunode.__file__.startswith(sys.argv[1]), gpunode.__file__; "
+            "sys.argv = ['p2p', '--json']; runpy.run_module('gpunode.stages.p2p', run_name='__main__')")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == exitcodes.ENVIRONMENT, done.stderr[-2000:]
+    assert json.loads(done.stdout)["verdict"]["exit_code"] == exitcodes.ENVIRONMENT

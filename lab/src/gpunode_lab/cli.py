@@ -64,9 +64,20 @@ def status() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run ``gpunode lab`` with ``argv``; the exit code."""
+    """Run ``gpunode lab`` with ``argv``; the exit code. A usage error is one line, as gpunode's own."""
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
     try:
-        typer.main.get_command(app).main(args=argv, prog_name="gpunode lab", standalone_mode=True)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
+        result = typer.main.get_command(app).main(args=argv, prog_name="gpunode lab", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        return exc.exit_code  # the help is printed already
+    except UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "gpunode lab"
+        typer.echo(f"error: {one_line(exc.format_message())} ({where} --help)", err=True)
+        return exc.exit_code
+    except ClickException as exc:
+        typer.echo(f"error: {one_line(exc.format_message())}", err=True)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    return result if isinstance(result, int) else 0

@@ -6,7 +6,7 @@ Two tags, each built once and reused while it exists:
 
 * ``gpunode-test/python-base:bookworm-1`` -- ``debootstrap --variant=minbase`` with python3, trimmed
   of docs, locales and apt lists, then ``docker import``-ed (about 1-2 minutes, once).
-* ``gpunode-test/fake-sglang:<hash>`` -- the base plus the fakes (``gpunode/lab/standin``: the server, the
+* ``gpunode-test/fake-sglang:<hash>`` -- the base plus the fakes (``gpunode_lab/standin``: the server, the
   bench stand-in and the ``sglang`` shim package) under ``/opt/fake-sglang`` with the shim on
   PYTHONPATH, so ``python3 -m sglang.launch_server ...`` -- the real command line -- runs the fake.
   The tag carries the files' hash: editing a fake builds a new one (a seconds-long ``docker

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import app, _die, _err, _load, _one_host, _with_codes
-from gpunode.cli.options import AB_PRESETS_HELP, HostFileArg, HostOpt
+from gpunode.cli.options import AB_PRESETS_HELP, DockerUrlOpt, HostFileArg, HostOpt
 from gpunode.ground.exitcodes import BAD_INPUT, ENVIRONMENT, UNREACHABLE
 
 
@@ -26,8 +26,7 @@ def bench(
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="an earlier results.jsonl to compare with")] = None,
     p2p_json: Annotated[Optional[Path], typer.Option("--p2p-json", help="`gpunode p2p --json` output, for the roofline")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="results folder")] = Path("results"),
-    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="the node's Docker engine (default: "
-                                                      "the node's, over SSH)")] = None,
+    docker_url: DockerUrlOpt = None,
     router: Annotated[bool, typer.Option("--router", help="measure the fleet through the host file's router; the "
                                          "report adds each worker's requests")] = False,
 ) -> None:

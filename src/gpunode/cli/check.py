@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import app, _die, _load, _names, _with_codes
-from gpunode.cli.options import HostFileArg
+from gpunode.cli.options import HostFileArg, JsonOpt
 from gpunode.ground.exitcodes import BAD_INPUT, ENVIRONMENT
 
 
@@ -15,7 +15,7 @@ from gpunode.ground.exitcodes import BAD_INPUT, ENVIRONMENT
 def check(
     path: HostFileArg,
     layers: Annotated[Optional[list[str]], typer.Option("--layer", help="only these layers (comma list)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Is this node right? testinfra checks by layer, one per stage; several hosts are checked side
     by side, each reported by name.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gpunode.cli.common import app, _die, _one_host, _with_codes
-from gpunode.cli.options import HostOpt
+from gpunode.cli.options import HostOpt, HostsFileOpt, JsonOpt
 from gpunode.ground.exitcodes import BAD_INPUT, FAILED, OK, UNREACHABLE
 
 if TYPE_CHECKING:
@@ -19,15 +19,17 @@ if TYPE_CHECKING:
 @app.command()
 def diagnose(
     log: Annotated[Optional[str], typer.Argument(help="a server log file, or - for standard input")] = None,
-    path: Annotated[Optional[Path], typer.Option("--hosts", help="host file: read the server container's log on the node")] = None,
+    path: HostsFileOpt = None,
     host: HostOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help='print {"findings": [{"id", "summary", "cause", "fix", "line"}]}')] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Name the failures in an SGLang server log: line, cause and fix of each.
 
     Ordered by where the failure began; the signatures serve uses when a start fails. Lines are
     cut to 4096 characters; of a file longer than 256 MiB, the first 16 and the last 240 MiB are
-    read. A FIFO, device, socket or directory is refused, as is a terminal on standard input."""
+    read. A FIFO, device, socket or directory is refused, as is a terminal on standard input.
+    --hosts HOST_FILE reads the server container's log on the node instead; --json prints
+    {"findings": [{"id", "summary", "cause", "fix", "line"}]}."""
     from gpunode.stages.serve.diagnose import findings, scan
     from gpunode.stages.serve.logread import LogUnreadable, open_log
     from gpunode.ground.text import one_line

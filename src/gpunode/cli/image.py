@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import STAGE_CODES, _die, _err, _one_host, _with_codes, image_app
-from gpunode.cli.options import CheckOpt, HostFileArg, HostOpt, LimitOpt, LocalHostOpt, LocalOpt, VerboseOpt
+from gpunode.cli.options import CheckOpt, DockerUrlOpt, HostFileArg, HostOpt, HostsFileOpt, JsonOpt, LimitOpt, LocalOpt, VerboseOpt
 from gpunode.cli.stagerun import stage_or_local
 from gpunode.ground.exitcodes import BAD_INPUT, FAILED, OK, UNREACHABLE
 
@@ -18,14 +18,12 @@ from gpunode.ground.exitcodes import BAD_INPUT, FAILED, OK, UNREACHABLE
 def image_build(
     path: HostFileArg,
     local: LocalOpt = False,
-    host: LocalHostOpt = None,
-    docker_url: Annotated[Optional[str], typer.Option(
-        "--docker-url", help="--local: the engine to build on (default: this machine's)")] = None,
+    host: HostOpt = None,
+    docker_url: DockerUrlOpt = None,
     force: Annotated[bool, typer.Option("--force", help="--local: build even if the content tag exists")] = False,
     check: CheckOpt = False,
     limit: LimitOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the recap (--local: the build's result) as JSON "
-                                                         "on stdout")] = False,
+    as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
     """The image stage on the node: build, verify and record the server image (--local: build here).
@@ -61,10 +59,10 @@ _with_codes(image_build, STAGE_CODES, "image build --local")
 @image_app.command("verify")
 def image_verify(
     tag: Annotated[str, typer.Argument(help="the image tag")],
-    path: Annotated[Optional[Path], typer.Option("--hosts", help="host file: check its profile's launch flags")] = None,
+    path: HostsFileOpt = None,
     host: HostOpt = None,
-    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="engine holding the image")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
+    docker_url: DockerUrlOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Check inside the image, without a GPU.
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from gpunode.cli.common import app, _die, _load, _with_codes
-from gpunode.cli.options import HostFileArg
+from gpunode.cli.options import HostFileArg, JsonOpt
 from gpunode.ground.exitcodes import BAD_INPUT, FAILED, UNREACHABLE
 
 
@@ -21,7 +21,7 @@ def validate(path: HostFileArg) -> None:
 @app.command()
 def plan(
     path: HostFileArg,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    as_json: JsonOpt = False,
     live: Annotated[bool, typer.Option(
         "--live", help="also read (never write) the Proxmox API: is the container's vmid free, gpunode's, "
                        "or someone else's? Which Proxmox VE version, and what would apply at once or wait "

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import STAGE_CODES, app, _die, _err, _one_host, _with_codes
-from gpunode.cli.options import CheckOpt, HostFileArg, JsonRecapOpt, LimitOpt, LocalHostOpt, LocalOpt, VerboseOpt
+from gpunode.cli.options import CheckOpt, DockerUrlOpt, HostFileArg, HostOpt, JsonOpt, LimitOpt, LocalOpt, VerboseOpt
 from gpunode.cli.stagerun import stage_or_local
 from gpunode.ground.exitcodes import BAD_INPUT
 
@@ -20,9 +20,8 @@ def p2p(
     path: Annotated[Optional[Path], typer.Argument(help="the host file (--local: optional, for its p2p: "
                                                         "expectations and --tp-size)")] = None,
     local: LocalOpt = False,
-    host: LocalHostOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (--local: every number and finding; "
-                                                         "else the recap)")] = False,
+    host: HostOpt = None,
+    as_json: JsonOpt = False,
     size_mb: Annotated[Optional[int], typer.Option("--size-mb", min=1, help="--local: bytes per bandwidth "
                                                    "copy, MiB (512)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="--local: fewer samples: faster, noisier")] = False,
@@ -59,15 +58,14 @@ _with_codes(p2p, STAGE_CODES, "p2p --local")
 def serve(
     path: HostFileArg,
     local: LocalOpt = False,
-    host: LocalHostOpt = None,
-    docker_url: Annotated[Optional[str], typer.Option(
-        "--docker-url", help="--local: the Docker engine (default: this machine's, DOCKER_HOST)")] = None,
+    host: HostOpt = None,
+    docker_url: DockerUrlOpt = None,
     image: Annotated[Optional[str], typer.Option("--image", help="--local: image tag (default: the host file's)")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", min=1, help="--local: seconds to wait for "
                                                      "readiness (3600)")] = None,
     check: CheckOpt = False,
     limit: LimitOpt = None,
-    as_json: JsonRecapOpt = False,
+    as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
     """The serve stage on the node: start (or keep) the SGLang server until it serves.
@@ -103,8 +101,8 @@ def smoke(
     bench_image: Annotated[Optional[str], typer.Option(
         "--bench-image", help="--local: run the short bench_serving from this image (needs --model-dir)")] = None,
     model_dir: Annotated[Optional[str], typer.Option("--model-dir", help="--local: model directory on the node")] = None,
-    docker_url: Annotated[Optional[str], typer.Option("--docker-url", help="--local: Docker engine for the bench")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (the recap without --local)")] = False,
+    docker_url: DockerUrlOpt = None,
+    as_json: JsonOpt = False,
     check: CheckOpt = False,
     limit: LimitOpt = None,
     verbose: VerboseOpt = 0,

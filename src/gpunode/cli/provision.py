@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import STAGE_CODES, app, _with_codes
-from gpunode.cli.options import CheckOpt, DiffOpt, HostFileArg, JsonRecapOpt, LimitOpt, VaultOpt, VerboseOpt
+from gpunode.cli.options import CheckOpt, DiffOpt, HostFileArg, JsonOpt, LimitOpt, VaultOpt, VerboseOpt
 from gpunode.cli.stagerun import run_stages
 
 
@@ -27,7 +27,7 @@ def provision(
         "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
                         "converge and mark it")] = False,
     vault_password_file: VaultOpt = None,
-    as_json: JsonRecapOpt = False,
+    as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
@@ -45,7 +45,7 @@ def _stage_verb(name: str, summary: str) -> None:
     the same path as provision."""
 
     def verb(path: HostFileArg, check: CheckOpt = False, diff: DiffOpt = False, limit: LimitOpt = None,
-             vault_password_file: VaultOpt = None, as_json: JsonRecapOpt = False, verbose: VerboseOpt = 0) -> None:
+             vault_password_file: VaultOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = 0) -> None:
         run_stages(path, [name], None, check=check, diff=diff, limit=limit,
                    vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
 

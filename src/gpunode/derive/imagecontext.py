@@ -197,7 +197,7 @@ def _read(folder: Path, name: str) -> bytes:
 
 def collect_inputs(image: Image, folder: Path | None = None, aot: AotPlan | None = None) -> BuildInputs:
     """Read images/sglang/ (or ``folder``), the image's stack there and the host file's image
-    section into build inputs; ``aot`` (gpunode.derive.plan.aot_plan of the host) adds the FlashInfer
+    section into build inputs; ``aot`` (gpunode.derive.aot_plan of the host) adds the FlashInfer
     modules built ahead of time."""
     folder = folder or images_dir()
     stack = stack_of(image, folder)

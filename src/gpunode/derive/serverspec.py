@@ -22,7 +22,7 @@ Choices, each for a reason:
 * The API key never appears in the command line, the environment or ``docker inspect``: sglang
   reads it only as ``--api-key`` or from a ``--config`` YAML file, whose reader splits it into two
   arguments, so a key beginning with ``-`` would be taken for a flag (FIELD-NOTES s10). The
-  container runs gpunode's launcher (``gpunode/serve/launch.py``), which reads the key file and
+  container runs gpunode's launcher (``gpunode/derive/serverlaunch.py``), which reads the key file and
   hands sglang one ``--api-key=KEY``; ``ensure_server`` writes both files into the container
   before starting it, and the launcher's path carries its digest, so a changed launcher is a
   changed command.

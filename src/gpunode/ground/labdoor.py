@@ -1,5 +1,5 @@
 """The one door from the product to the lab: gpunode never imports the lab (the gpunode-lab
-distribution, ``pip install 'gpunode[lab]'``); it asks for the lab's entry points by name.
+distribution in lab/); it asks for the lab's entry points by name.
 
 Production code knows a lab host by its host file (``lab: true``, ``image.lab_stand_in``); what it
 needs of the lab itself goes through here: the stand-in server's image tag (which the lab builds)
@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 GROUP = "gpunode.lab"
-INSTALL = "pip install 'gpunode[lab]' (the gpunode-lab distribution: the lab and its fakepve)"
+INSTALL = "from a gpunode checkout, pip install -e . -e ./lab (scripts/setup does; the gpunode-lab distribution)"
 
 
 class LabMissing(LookupError):
@@ -22,7 +22,10 @@ class LabMissing(LookupError):
 def _entry(name: str) -> Any:
     found = entry_points(group=GROUP, name=name)
     for entry in found:
-        return entry.load()
+        try:
+            return entry.load()
+        except ImportError as exc:
+            raise LabMissing(f"the lab is installed but does not import ({exc}): {INSTALL}") from None
     raise LabMissing(f"the lab is not installed here: {INSTALL}")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in for SGLang 0.5.9's HTTP server and its startup, for tests. Standard library only: it
-runs both as a local subprocess and inside the bare Debian test image (gpunode/lab/image.py).
+runs both as a local subprocess and inside the bare Debian test image (gpunode_lab/image.py).
 
 It takes the real launch command line, parsed by the own flags and choices of the sglang release
 it stands in for, kept as data (sglang_<version>_args.json, dumped from the real parser:

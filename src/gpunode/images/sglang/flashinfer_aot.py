@@ -1,6 +1,6 @@
 """Runs INSIDE the image build: compiles FlashInfer modules ahead of time into its AOT directory.
 
-Argument: a JSON list of ``{"name", "generator": "module:function", "kwargs"}`` (gpunode.catalogue.aot;
+Argument: a JSON list of ``{"name", "generator": "module:function", "kwargs"}`` (gpunode.image.aot;
 a kwarg ``"dtype:<name>"`` is ``torch.<name>``). Each spec comes from FlashInfer's own generator;
 FlashInfer 0.6.3 looks for ``<aot dir>/<name>/<name>.so`` before it compiles
 (flashinfer/jit/core.py JitSpec.aot_path, build_and_load), so the built library is copied there.

@@ -151,7 +151,7 @@ def stream_build(client: docker.DockerClient, inputs: BuildContext, tag: str, di
 def build(image: Image, engine_url: str | None = None, console: Console | None = None, *,
           folder: Path | None = None, force: bool = False, aot: AotPlan | None = None) -> BuildResult:
     """Build the image the host file asks for unless its content tag already exists on the engine.
-    ``aot``: the FlashInfer modules to build ahead of time (gpunode.derive.plan.aot_plan of the host)."""
+    ``aot``: the FlashInfer modules to build ahead of time (gpunode.derive.aot_plan of the host)."""
     console = console or Console(stderr=True)
     started = time.monotonic()
     try:

@@ -7,7 +7,7 @@ read-only at /usr/local/nvidia (an mpN mount point), and Docker gets its files f
 driver, from the host down, never a second user space that can drift from the kernel module.
 
 Plain Python (no Ansible imports): the same code runs as module_utils on the host, in the checks,
-and in the unit tests over the layout recorded on an H200 (gpunode/lab/recorded/h200/driver).
+and in the unit tests over the layout recorded on an H200 (lab/src/gpunode_lab/recorded/h200/driver).
 """
 
 from __future__ import annotations
