@@ -77,6 +77,17 @@ def _per_worker(fleet: hostfile.HostFile) -> dict[str, int]:
         return worker_requests(read_metrics(f"http://127.0.0.1:{fw.ports[fleet.router.metrics_port]}/metrics"))
 
 
+def _models(router_api: RouterApi) -> list[str]:
+    """The model ids /v1/models lists through the router."""
+    reply = router_api.session.get(f"{router_api.base_url}/v1/models", timeout=30)
+    assert reply.status_code == 200, reply.text[:300]
+    return [m["id"] for m in reply.json()["data"]]
+
+
+def _model_of(router_api: RouterApi, url: str) -> str:
+    return next(w.model_id for w in router_api.workers() if w.url == url)
+
+
 def _wait_router_sees(router_api: RouterApi, url: str, healthy: bool | None, timeout_s: float = 60) -> None:
     """Until the router lists ``url`` with that health (None: not at all)."""
     deadline = time.monotonic() + timeout_s
@@ -110,6 +121,12 @@ def test_both_hosts_and_the_router_converge_and_a_second_run_changes_nothing(con
     assert "worker pve-lab (http://10.0.3.10:30000): healthy" in converged["log"]
     assert f"worker pve-lab2 ({WORKER2}): healthy" in converged["log"]
     assert "PASS through the router: tool_call:" in converged["log"]
+
+
+def test_the_router_reads_every_workers_model(converged: dict[str, Any], router_api: RouterApi) -> None:
+    # Each worker registered with the fleet's key: the router read its model, and lists that one only.
+    assert {w.url: w.model_id for w in router_api.workers()} == {"http://10.0.3.10:30000": "glm-5", WORKER2: "glm-5"}
+    assert _models(router_api) == ["glm-5"]
 
 
 def test_check_reports_every_host_and_the_router(gpunode, converged: dict[str, Any]) -> None:
@@ -205,8 +222,23 @@ def test_a_worker_the_router_dropped_is_registered_again(gpunode, converged: dic
     assert _changed(_summary(result)) == {"router": 1}
     assert f"worker pve-lab2 ({WORKER2}): registered (it answers /health again)" in result.stderr
     _wait_router_sees(router_api, WORKER2, healthy=True)
+    # Registered with the fleet's key, so the router could read the worker's model.
+    assert _models(router_api) == ["glm-5"] and _model_of(router_api, WORKER2) == "glm-5"
     again = gpunode("router", str(FLEET), "--json", timeout=600)
     assert again.returncode == 0 and _changed(_summary(again)) == {}
+    # A worker registered without the key (as gpunode did before 2026-12-03, and as CI caught): the
+    # router cannot read its /model_info and lists its model as "unknown"; the router stage registers it again.
+    router_api.remove_worker(next(w for w in router_api.workers() if w.url == WORKER2))
+    _wait_router_sees(router_api, WORKER2, healthy=None)
+    router_api.add_worker(WORKER2, None)
+    _wait_router_sees(router_api, WORKER2, healthy=True)
+    assert _model_of(router_api, WORKER2) == "unknown" and "unknown" in _models(router_api)
+    mended = gpunode("router", str(FLEET), "--json", timeout=600)
+    assert mended.returncode == 0, mended.stderr[-3000:]
+    assert _changed(_summary(mended)) == {"router": 1}
+    assert (f"worker pve-lab2 ({WORKER2}): registered again (the router listed its model as 'unknown', "
+            "not 'glm-5': it had no key to read it)") in mended.stderr
+    assert _models(router_api) == ["glm-5"] and _model_of(router_api, WORKER2) == "glm-5"
     running = subprocess.run(lab.ssh_command(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}"),
                              capture_output=True, text=True, timeout=60)
     assert running.stdout.strip() == "true"

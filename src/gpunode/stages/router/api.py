@@ -1,11 +1,14 @@
 """What gpunode asks of a running sglang-router (0.3.2), over HTTP, and of its workers.
 
 The router's own endpoints, as it answers them (measured against the real router in the lab):
-``GET /health`` (200 "OK"), ``GET /workers`` ({"workers": [{"id", "url", "is_healthy", ...}],
-"total"}), ``POST /workers`` {"url"} (202: registration queued in the background),
+``GET /health`` (200 "OK"), ``GET /workers`` ({"workers": [{"id", "url", "model_id", "is_healthy",
+...}], "total"}), ``POST /workers`` {"url", "api_key"} (202: registration queued in the background),
 ``DELETE /workers/{id}``; with ``--api-key`` every one but /health, /v1/models needs
-``Authorization: Bearer <key>``. Its Prometheus metrics count each worker's upstream calls
-(``smg_worker_cb_outcomes_total{worker, outcome}``).
+``Authorization: Bearer <key>``. A worker posted without "api_key" gets none, even when the router
+has one (the router warns "Adding worker ... without API key while router has API key
+configured"): its /server_info and /model_info then answer 401, the router lists its model as
+"unknown", and /v1/models lists "unknown" beside the served name. Its Prometheus metrics count
+each worker's upstream calls (``smg_worker_cb_outcomes_total{worker, outcome}``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+
+from gpunode.ground.redact import redact
 
 TIMEOUT_S = 10.0
 # smg_worker_cb_outcomes_total{worker="http://10.0.3.10:30000",outcome="success"} 4
@@ -31,6 +36,7 @@ class RouterWorker:
     id: str
     url: str
     healthy: bool
+    model_id: str = ""
 
 
 class RouterApi:
@@ -66,13 +72,18 @@ class RouterApi:
         reply = self._call("GET", "/workers")
         if reply.status_code != 200:
             raise RouterUnavailable(f"GET /workers: HTTP {reply.status_code}: {reply.text[:200]}")
-        return [RouterWorker(str(w["id"]), str(w["url"]), bool(w.get("is_healthy")))
+        return [RouterWorker(str(w["id"]), str(w["url"]), bool(w.get("is_healthy")), str(w.get("model_id") or ""))
                 for w in reply.json().get("workers", [])]
 
-    def add_worker(self, url: str) -> None:
-        reply = self._call("POST", "/workers", json={"url": url})
+    def add_worker(self, url: str, api_key: str | None) -> None:
+        """Register a worker; ``api_key`` is what the router sends it (the fleet's one key)."""
+        body: dict[str, str] = {"url": url}
+        if api_key:
+            body["api_key"] = api_key
+        reply = self._call("POST", "/workers", json=body)
         if reply.status_code not in (200, 201, 202):
-            raise RouterUnavailable(f"POST /workers {url}: HTTP {reply.status_code}: {reply.text[:200]}")
+            said = redact(reply.text[:200], [api_key] if api_key else [])  # a router may echo what it was sent
+            raise RouterUnavailable(f"POST /workers {url}: HTTP {reply.status_code}: {said}")
 
     def remove_worker(self, worker: RouterWorker) -> None:
         reply = self._call("DELETE", f"/workers/{worker.id}")

@@ -78,9 +78,23 @@ def _wait_for(api: RouterApi, urls: set[str], healthy: bool, timeout_s: float) -
         time.sleep(1.0)
 
 
+def _wait_gone(api: RouterApi, urls: set[str], timeout_s: float) -> set[str]:
+    """Poll the router until none of urls is registered (its removals are queued); returns those still there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = urls & {w.url for w in api.workers()}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
 def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, ...], fresh: bool,
-              health_wait_s: float) -> tuple[bool, list[str], dict[str, str]]:
-    """Bring the router's workers to the host file's: (changed, lines, down: url -> why)."""
+              health_wait_s: float, served_name: str, api_key: str | None) -> tuple[bool, list[str], dict[str, str]]:
+    """Bring the router's workers to the host file's: (changed, lines, down: url -> why).
+
+    A live worker the router lists under another model than the served name (``unknown``: it was
+    registered without the fleet's key, so the router could not read its /model_info) is removed
+    and registered again with the key: otherwise /v1/models through the router lists ``unknown``."""
     wanted = {w.url: w for w in workers}
     live, down = set(), {}
     for url in wanted:
@@ -93,10 +107,19 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
         _wait_for(api, live, healthy=False, timeout_s=REGISTER_WAIT_S)
     changed, lines = False, []
     known = {w.url: w for w in api.workers()}
-    for url in sorted(live - set(known)):
-        api.add_worker(url)
+    unread = {url for url, w in known.items() if url in live and w.model_id != served_name}
+    for url in sorted(unread):
+        api.remove_worker(known[url])
+    stuck = _wait_gone(api, unread, REGISTER_WAIT_S) if unread else set()
+    for url in sorted(stuck):
+        down[url] = f"is listed by the router under model {known[url].model_id!r}, and the router did not remove it"
+        live.discard(url)
+    for url in sorted(live - (set(known) - unread)):
+        api.add_worker(url, api_key)
         changed = True
-        lines.append(f"worker {wanted[url].host} ({url}): registered (it answers /health again)")
+        why = (f"the router listed its model as {known[url].model_id!r}, not {served_name!r}: it had no key to read it"
+               if url in unread else "it answers /health again")
+        lines.append(f"worker {wanted[url].host} ({url}): registered{' again' if url in unread else ''} ({why})")
     for url, worker in sorted(known.items()):
         if url not in wanted:
             api.remove_worker(worker)
@@ -165,7 +188,8 @@ def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:
                                                  f"{tail[-600:]}"] + lines)
     try:
         changed, worker_lines, down = reconcile(api, container, derived.workers, started.action != "kept",
-                                                health_wait_s=router.health_check_interval_s * 3 + 10)
+                                                health_wait_s=router.health_check_interval_s * 3 + 10,
+                                                served_name=derived.served_name, api_key=api_key)
     except RouterUnavailable as exc:
         return StageResult(failed=True, summary=[f"the router's API: {exc}"] + lines)
     healthy = [w for w in derived.workers if w.url not in down]
