@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import gpunode_lab as lab
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_HOSTS = ROOT / "inventory" / "lab" / "host.yml"
@@ -84,3 +85,66 @@ def test_blocking_finding_stops_before_any_change(gpunode, tmp_path: Path) -> No
     assert "driver 580.159.04 loaded, host file pins 580.95.05" in failure["message"]
     assert on_host("test", "-e", HMM_CONF).returncode == 1, "a blocked preflight changed the host"
     assert run(gpunode)[0] == 0
+
+
+BAD_FABRIC_ROOT = "/var/lib/gpunode-lab-facts-badfabric"
+ACS_UNIT = "/etc/systemd/system/gpunode-pcie-acs.service"
+P2P_CONF = "/etc/modprobe.d/gpunode-nvidia-p2p.conf"
+
+
+def test_a_bad_pcie_fabric_is_named_repaired_where_allowed_and_shown_by_check(gpunode, tmp_path: Path) -> None:
+    """The lab host's recorded facts with one bad fabric added (built after the PCIe spec's layouts,
+    tests/fakes/fabric.py: two GPUs under one switch whose downstream ports have the kernel's ACS on,
+    and a BAR1 of the legacy 256 MiB window): the host stage names acs and bar1, and with
+    prepare.clear_acs and prepare.p2p_registry writes its own unit and modprobe file, once; BAR1 is
+    the firmware's, left for the operator; `gpunode check --layer host` reports both."""
+    import shutil
+
+    from fakes.fabric import switch_pair
+
+    rootfs = lab.HOST_CONTAINER.rootfs
+    facts = rootfs / BAD_FABRIC_ROOT.lstrip("/")
+    shutil.rmtree(facts, ignore_errors=True)
+    shutil.copytree(rootfs / lab.LAB_HOST_FACTS_ROOT.lstrip("/"), facts, symlinks=True)
+    on_host("rm", "-f", ACS_UNIT, P2P_CONF)
+    try:
+        switch_pair(facts, acs=0b0011101, bar1_bytes=256 * 2**20)
+        data = yaml.safe_load(LAB_HOSTS.read_text())
+        data["hosts"][0]["facts_root"] = BAD_FABRIC_ROOT
+        named = tmp_path / "named.yml"
+        named.write_text(yaml.safe_dump(data, sort_keys=False))
+        rc, summary, stderr = run(gpunode, hosts=named)
+        assert rc == 0, stderr  # neither blocks: the stage goes on, names them, changes nothing for them
+        assert "FAIL acs: ACS redirects peer traffic through the root complex between GPUs under one PCIe switch" \
+            in stderr and "0000:02:08.0 (switch downstream port: ReqRedir+ CmpltRedir+, above 0000:03:00.0)" in stderr
+        assert "FAIL bar1: BAR1 is the legacy 256 MiB window" in stderr and "-> fix: set prepare.clear_acs" in stderr
+        assert on_host("test", "-e", ACS_UNIT).returncode == 1 and on_host("test", "-e", P2P_CONF).returncode == 1
+
+        data["hosts"][0].setdefault("prepare", {}).update(clear_acs=True, p2p_registry=True)
+        repaired = tmp_path / "repaired.yml"
+        repaired.write_text(yaml.safe_dump(data, sort_keys=False))
+        rc, first, stderr = run(gpunode, hosts=repaired)
+        assert rc == 0, stderr
+        assert first["stats"]["changed"][HOST] >= 3  # the unit, enabling it, the modprobe file (+ initramfs)
+        unit = on_host("cat", ACS_UNIT).stdout
+        assert [line for line in unit.splitlines() if line.startswith("ExecStart=")] == [
+            "ExecStart=/usr/bin/setpci -s 0000:02:08.0 ECAP_ACS+0x6.w=0000:000c",
+            "ExecStart=/usr/bin/setpci -s 0000:02:10.0 ECAP_ACS+0x6.w=0000:000c"]
+        assert on_host("systemctl", "is-enabled", "gpunode-pcie-acs.service").stdout.strip() == "enabled"
+        # The H200 of the recording shares no switch with the two: direct-attached pairs need the keys.
+        assert 'options nvidia NVreg_RegistryDwords="ForceP2P=0x11;RMForceP2PType=1;RMPcieP2PType=2;' \
+               'GrdmaPciTopoCheckOverride=1;EnableResizableBar=1"' in on_host("cat", P2P_CONF).stdout
+        assert "reboot (or start gpunode-pcie-acs.service): ACS redirect still on 0000:02:08.0, 0000:02:10.0" in stderr
+        rc, second, _ = run(gpunode, hosts=repaired)
+        assert rc == 0 and not second["stats"].get("changed"), second["stats"]
+        check = gpunode("check", str(repaired), "--layer", "host", "--json", timeout=600)
+        results = {r["check"]: r for r in json.loads(check.stdout)["results"]}
+        assert results["test_host_finding[acs]"]["status"] == "pending", results["test_host_finding[acs]"]
+        assert "gpunode-pcie-acs.service clears it at the next boot" in results["test_host_finding[acs]"]["message"]
+        bar1 = results["test_host_finding[bar1]"]
+        assert bar1["status"] == "fail" and "legacy 256 MiB window" in bar1["message"] and check.returncode == 1
+    finally:
+        on_host("systemctl", "disable", "gpunode-pcie-acs.service")
+        on_host("rm", "-f", ACS_UNIT, P2P_CONF)
+        on_host("systemctl", "daemon-reload")
+        shutil.rmtree(facts, ignore_errors=True)

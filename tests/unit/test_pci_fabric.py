@@ -4,22 +4,17 @@ byte by byte after the PCIe Base Specification's layouts."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-UTILS = ROOT / "src" / "gpunode" / "ansible_collections" / "gpunode" / "core" / "plugins" / "module_utils"
-RECORDING = ROOT / "tests" / "fixtures" / "host" / "h200" / "fabric" / "fabric-sysroot.tar.gz"
+from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric
+from fakes.fabric import GPU_RESOURCE, REQ_REDIR_CMPLT, config_space, device
 
-_spec = importlib.util.spec_from_file_location("pci_fabric", UTILS / "pci_fabric.py")
-assert _spec is not None and _spec.loader is not None
-pci_fabric = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pci_fabric)
+ROOT = Path(__file__).resolve().parents[2]
+RECORDING = ROOT / "tests" / "fixtures" / "host" / "h200" / "fabric" / "fabric-sysroot.tar.gz"
 
 
 @pytest.fixture(scope="module")
@@ -47,47 +42,7 @@ def test_the_h200_recording_reads_as_nvidia_smi_says(h200: Path) -> None:
     assert facts["link_power"] == {"pcie_aspm": None, "pcie_port_pm": None}
 
 
-# -- config spaces made after the PCIe Base Specification ----------------------------------------
-def config_space(port: int | None, acs: int | None = None, size: int = 4096) -> bytes:
-    """A function's config space: the PCI Express capability at 0x40 with device/port type
-    ``port`` (7.5.3.2), a placeholder extended capability at 0x100 (ID 0, as the H200 has), then
-    ACS at 0x140 with control register ``acs`` (7.7.8)."""
-    data = bytearray(size)
-    data[0:2] = (0x10DE).to_bytes(2, "little")
-    if port is not None:
-        data[0x06] = 0x10  # Status: Capabilities List
-        data[0x34] = 0x40
-        data[0x40], data[0x41] = 0x10, 0x00
-        data[0x42:0x44] = (0x0002 | port << 4).to_bytes(2, "little")
-    if size > 0x100:
-        data[0x100:0x104] = ((0x140 if acs is not None else 0) << 20).to_bytes(4, "little")
-        if acs is not None:
-            data[0x140:0x144] = (0x000D | 1 << 16).to_bytes(4, "little")
-            data[0x146:0x148] = acs.to_bytes(2, "little")
-    return bytes(data)
-
-
-def device(root: Path, path: str, config: bytes, vendor: str = "0x10de", klass: str = "0x060400",
-           resource: str = "") -> None:
-    folder = root / path.lstrip("/")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config").write_bytes(config)
-    (folder / "vendor").write_text(vendor + "\n")
-    (folder / "class").write_text(klass + "\n")
-    (folder / "resource").write_text(resource)
-    links = root / "sys" / "bus" / "pci" / "devices"
-    links.mkdir(parents=True, exist_ok=True)
-    os.symlink(os.path.relpath(folder, links), links / folder.name)
-
-
-GPU_RESOURCE = ("0x00000000f0000000 0x00000000f0ffffff 0x0000000000040200\n"  # BAR0, 16 MiB
-                "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
-                "0x0000008000000000 0x0000009fffffffff 0x000000000014220c\n"  # BAR1, 64-bit, 128 GiB
-                "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
-                "0x00000000e0000000 0x00000000e1ffffff 0x000000000014220c\n")  # BAR3, 32 MiB
-REQ_REDIR_CMPLT = 0b0001101  # SrcValid+ ReqRedir+ CmpltRedir+: what the BIOS leaves on, per lspci
-
-
+# -- config spaces made after the PCIe Base Specification (tests/fakes/fabric.py) --------------
 def test_a_switch_topology_with_acs_on_its_downstream_port(tmp_path: Path) -> None:
     top = "/sys/devices/pci0000:00/0000:00:01.0"
     device(tmp_path, top, config_space(0x4, 0))  # root port, ACS off

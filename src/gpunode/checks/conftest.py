@@ -123,6 +123,7 @@ def host_facts(host: Any, gpunode_host: dict[str, Any], _reach: dict[str, str | 
     skip_unreachable(host, _reach)  # module-scoped: set up before the per-test reachability check
     facts = _remote_python(host, "nvidia_host", f"gather({gpunode_host['facts_root']!r}, config_root='/')")
     facts["devices"] = _remote_python(host, "nvidia_nodes", f"scan({gpunode_host['dev_root']!r}, False)")
+    facts["fabric"] = _remote_python(host, "pci_fabric", f"gather({gpunode_host['facts_root']!r})")
     facts["kernels"] = _kernels(host, gpunode_host)
     return facts
 

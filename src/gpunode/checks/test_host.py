@@ -1,8 +1,8 @@
-"""Layer host: the Proxmox host's driver, HMM, vfio, persistenced and device nodes.
+"""Layer host: the Proxmox host's driver, HMM, vfio, persistenced, device nodes and PCIe fabric.
 
-The same findings as the host stage's preflight (gpunode.stages.host.findings), one test each, plus what
-the stage manages on disk. A finding the stage has configured but that waits for a reload or
-reboot is reported as pending (xfail), not as passing.
+The same findings as the host stage's preflight (gpunode.stages.host.findings and .fabric), one test
+each, plus what the stage manages on disk. A finding the stage has configured but that waits for a
+reload or reboot is reported as pending (xfail), not as passing.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import _remote_python
-from gpunode.stages.host.findings import Expectations, evaluate
+from gpunode.stages.host.fabric import FabricExpectations, evaluate_fabric
+from gpunode.stages.host.findings import Expectations, Finding, evaluate
 
 FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes",
-            "kernel_headers", "dkms_build", "kernel_support")
+            "kernel_headers", "dkms_build", "kernel_support", "acs", "bar1", "p2p_mode")
 HMM_CONF = "/etc/modprobe.d/gpunode-nvidia-uvm.conf"
 NODES_UNIT = "gpunode-nvidia-nodes.service"
+ACS_UNIT = "gpunode-pcie-acs.service"
 
 
 def _hmm_configured(host: Any) -> bool:
@@ -34,13 +36,23 @@ def _expect(gpunode_host: dict[str, Any]) -> Expectations:
                         prepare.get("pin_kernel", False))
 
 
+def _findings(host_facts: dict[str, Any], gpunode_host: dict[str, Any]) -> list[Finding]:
+    prepare = gpunode_host["prepare"]
+    fabric = FabricExpectations(prepare.get("clear_acs", False), prepare.get("p2p_registry", False),
+                                prepare.get("link_power_off", False))
+    return evaluate(host_facts, _expect(gpunode_host)) + evaluate_fabric(host_facts.get("fabric") or {},
+                                                                         host_facts.get("modprobe") or [], fabric)
+
+
 @pytest.mark.parametrize("name", FINDINGS)
 def test_host_finding(name: str, pve_host: Any, gpunode_host: dict[str, Any], host_facts: dict[str, Any]) -> None:
-    findings = [f for f in evaluate(host_facts, _expect(gpunode_host)) if f.name == name]
+    findings = [f for f in _findings(host_facts, gpunode_host) if f.name == name]
     failed = [f for f in findings if f.status == "fail"]
     recorded = gpunode_host["facts_root"] != "/"
     if name == "hmm" and failed and _hmm_configured(pve_host):
         pytest.xfail(f"pending: {failed[0].detail}: configured in {HMM_CONF}; reload nvidia_uvm or reboot")
+    if name == "acs" and failed and pve_host.service(ACS_UNIT).is_enabled:
+        pytest.xfail(f"pending: {failed[0].detail}: {ACS_UNIT} clears it at the next boot")
     if name == "persistenced" and recorded and findings and findings[0].status != "ok":
         pytest.xfail(f"recorded state ({gpunode_host['facts_root']}): {findings[0].detail}")
     assert not failed, "; ".join(f"{f.detail} -> fix: {f.fix}" for f in failed)

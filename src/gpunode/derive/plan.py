@@ -38,6 +38,15 @@ def host_changes(host: Host) -> list[str]:
                    "boots next cannot get it" if prep.pin_kernel else
                    "never pins a kernel (prepare.pin_kernel): if the module cannot be built for the kernel that boots "
                    "next, the stage stops before any change")
+    changes.append("reads the PCIe fabric under the GPUs (bridges, ACS, BAR1, the nvidia module's P2P keys, link "
+                   "power) and names acs, bar1, p2p_mode and aspm findings; BAR1 is firmware's, never changed")
+    changes.append("clears ACS redirect on the bridges above the GPUs at boot (gpunode-pcie-acs.service, setpci)"
+                   if prep.clear_acs else "leaves ACS as it is (prepare.clear_acs)")
+    changes.append("for GPUs that share no PCIe switch: the nvidia module's P2P registry keys in "
+                   "/etc/modprobe.d/gpunode-nvidia-p2p.conf (read at the next module load)"
+                   if prep.p2p_registry else "never sets the nvidia module's P2P registry keys (prepare.p2p_registry)")
+    changes.append("pcie_aspm=off pcie_port_pm=off on the kernel command line (from the next boot)"
+                   if prep.link_power_off else "leaves PCIe link power management as it is (prepare.link_power_off)")
     if host.container.gpu_handoff == "host-driver":
         changes.append(f"the loaded driver's user space as a tree in {TREE_ROOT}/<version> (one per version; "
                        "the container stage removes those no container mounts)")

@@ -7,8 +7,9 @@ module: gpu_host_findings
 short_description: Evaluate a GPU host's facts into findings, failing on blocking ones
 description:
   - Turns the facts of M(gpunode.core.nvidia_host_facts) into named findings (os, gpus, gpu_binding, driver,
-    open_module, iommu, hmm, persistenced, device_nodes; and per kernel kernel_module, kernel_headers,
-    dkms_build, kernel_support when the facts hold C(kernels)), each with its fix.
+    open_module, iommu, hmm, persistenced, device_nodes; per kernel kernel_module, kernel_headers,
+    dkms_build, kernel_support when the facts hold C(kernels); and acs, bar1, p2p_mode, aspm about the PCIe fabric
+    when they hold C(fabric)), each with its fix.
   - Fails, before anything is changed, when a finding is blocking (something the host stage cannot fix by itself).
   - Runs on the controller with gpunode's interpreter (it imports the gpunode package).
 version_added: 0.1.0
@@ -49,6 +50,18 @@ options:
     description: The host stage may pin a kernel the module is built for, so a failed DKMS build for the kernel that boots next is not blocking.
     type: bool
     default: false
+  clear_acs:
+    description: The host stage clears ACS redirect on the bridges above the GPUs at boot (its own setpci unit).
+    type: bool
+    default: false
+  p2p_registry:
+    description: The host stage gives the nvidia module the P2P registry keys direct-attached GPUs need (its own modprobe.d file).
+    type: bool
+    default: false
+  link_power_off:
+    description: The host stage puts C(pcie_aspm=off pcie_port_pm=off) on the kernel command line.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -74,6 +87,21 @@ gpunode_summary:
   description: One line per finding, for gpunode's progress output.
   returned: always
   type: str
+fabric_repairs:
+  description: What the host stage would repair in the PCIe fabric, whether or not prepare lets it.
+  returned: success
+  type: dict
+  contains:
+    acs_bridges:
+      description: Addresses of the bridges above the GPUs whose ACS control redirects peer traffic.
+      type: list
+      elements: str
+    p2p_registry:
+      description: Whether some pair of GPUs shares no PCIe switch, so the nvidia module needs the P2P keys.
+      type: bool
+    registry_dwords:
+      description: The value of C(NVreg_RegistryDwords) the host stage writes.
+      type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -91,6 +119,9 @@ def main() -> None:
             "persistenced": {"type": "bool", "default": True},
             "installer": {"type": "bool", "default": False},
             "pin_kernel": {"type": "bool", "default": False},
+            "clear_acs": {"type": "bool", "default": False},
+            "p2p_registry": {"type": "bool", "default": False},
+            "link_power_off": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -98,19 +129,26 @@ def main() -> None:
 
 
 def _run(module: AnsibleModule) -> None:
+    from gpunode.stages.host import fabric
     from gpunode.stages.host.findings import Expectations, as_dicts, evaluate
 
     p = module.params
     expect = Expectations(p["driver_version"], p["open_module"], p["disable_hmm"], p["release_vfio"],
                           p["persistenced"], p["installer"], p["pin_kernel"])
     findings = evaluate(p["facts"], expect)
+    facts_fabric = p["facts"].get("fabric") or {}
+    if facts_fabric:
+        findings += fabric.evaluate_fabric(facts_fabric, p["facts"].get("modprobe") or [], fabric.FabricExpectations(
+            p["clear_acs"], p["p2p_registry"], p["link_power_off"]))
+    repairs = {"acs_bridges": fabric.acs_to_clear(facts_fabric), "p2p_registry": fabric.wants_p2p_registry(facts_fabric),
+               "registry_dwords": fabric.P2P_REGISTRY_DWORDS}
     summary = "\n".join(f.line() for f in findings)
     blocking = [f for f in findings if f.blocking]
     if blocking:
         module.fail_json(msg="host preflight: " + "; ".join(f.line() for f in blocking),
                          findings=as_dicts(findings), gpunode_summary=summary)
     module.exit_json(changed=False, findings=as_dicts(findings), gpunode_summary=summary,
-                     failed_findings=[f.name for f in findings if f.status == "fail"])
+                     failed_findings=[f.name for f in findings if f.status == "fail"], fabric_repairs=repairs)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: nvidia_host_facts
-short_description: Read a GPU host's NVIDIA driver, HMM, PCI, IOMMU and device-node state
+short_description: Read a GPU host's NVIDIA driver, HMM, PCI fabric, IOMMU and device-node state
 description:
   - Reads files only, so it changes nothing and runs in check mode.
   - Runtime state (C(/proc), C(/sys), C(/run)) is read under O(facts_root); configuration (C(/etc), dpkg's
@@ -47,13 +47,16 @@ facts:
     - The host's state, key by key, as gpunode.stages.host.findings reads it.
     - C(driver) (loaded, version, open module), C(uvm) (HMM disabled or not), C(gpus) (PCI address, id, bound driver),
       C(kernel) (command line, IOMMU), C(os), C(modprobe) (lines configuring vfio or nvidia), C(persistenced), C(devices),
-      C(kernels) (the installed kernels, the one that boots next and why, headers and the NVIDIA module per kernel).
+      C(kernels) (the installed kernels, the one that boots next and why, headers and the NVIDIA module per kernel),
+      C(fabric) (per GPU the bridges up to its root port with their PCIe port type and ACS control bits, BAR1 and the
+      link; the nvidia module's P2P parameters in effect; the kernel command line's link power settings), as
+      gpunode.stages.host.fabric reads it.
   returned: always
   type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils import guard, kernels
+from ansible_collections.gpunode.core.plugins.module_utils import guard, kernels, pci_fabric
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_host import gather
 from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import scan
 
@@ -70,6 +73,8 @@ def main() -> None:
 def _run(module: AnsibleModule) -> None:
     facts = gather(module.params["facts_root"], config_root="/")
     facts["devices"] = scan(module.params["dev_root"], try_open=False)
+    # The PCIe fabric under the GPUs (bridges, ACS, BAR1, the module's P2P keys, link power): runtime state.
+    facts["fabric"] = pci_fabric.gather(module.params["facts_root"])
     # Kernels are configuration (what boots next): read under /, like dpkg's status.
     facts["kernels"] = kernels.gather("/", module.params["facts_root"], version=module.params["driver_version"])
     module.exit_json(changed=False, facts=facts)
