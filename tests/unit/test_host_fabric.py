@@ -25,10 +25,13 @@ def found(facts: dict, modprobe: list | None = None, **expect: bool) -> dict:
     return {f.name: f for f in evaluate_fabric(facts, modprobe or [], FabricExpectations(**expect))}
 
 
-def gathered(root: Path, cmdline: str = "", params: str = "") -> dict:
+def gathered(root: Path, cmdline: str = "", params: str | None = 'ResmanDebugLevel: 4294967295\nRegistryDwords: ""\n') -> dict:
+    """pci_fabric's facts of a built tree, with /proc/cmdline and the loaded module's params (the
+    driver's format: one "Name: value" per line); params None: the module is not loaded."""
     (root / "proc" / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)
     (root / "proc" / "cmdline").write_text(cmdline + "\n")
-    (root / "proc" / "driver" / "nvidia" / "params").write_text(params)
+    if params is not None:
+        (root / "proc" / "driver" / "nvidia" / "params").write_text(params)
     return pci_fabric.gather(str(root))
 
 
@@ -52,7 +55,8 @@ def test_acs_on_the_downstream_ports_of_a_shared_switch_fails(tmp_path: Path) ->
     assert "0000:02:08.0 (switch downstream port: ReqRedir+ CmpltRedir+, above 0000:03:00.0)" in acs.detail
     assert "0000:02:10.0" in acs.detail and "0000:00:01.0" not in acs.detail  # the root port's ACS is off
     assert acs.fix.startswith("set prepare.clear_acs")
-    assert found(facts, clear_acs=True)["acs"].fix.startswith("the host stage clears ACS redirect")
+    assert found(facts, clear_acs=True)["acs"].fix.startswith(
+        "the host stage clears ReqRedir and CmpltRedir on 0000:02:08.0, 0000:02:10.0 at each boot")
     assert fabric.acs_to_clear(facts) == ["0000:02:08.0", "0000:02:10.0"]
     # One switch between them: no staging through system memory, whatever the registry says.
     assert result["p2p_mode"].status == "ok" and "shares a PCIe switch" in result["p2p_mode"].detail
@@ -98,6 +102,9 @@ def test_direct_attached_gpus_need_the_registry_keys(tmp_path: Path) -> None:
     assert found(live)["p2p_mode"].status == "ok"
     half = gathered(tmp_path, params='RegistryDwords: "ForceP2P=0x11"\n')
     assert "lacks RMForceP2PType=1" in found(half)["p2p_mode"].detail
+    (tmp_path / "proc" / "driver" / "nvidia" / "params").unlink()
+    unloaded = found(gathered(tmp_path, params=None))["p2p_mode"]
+    assert unloaded.status == "warn" and "the nvidia module is not loaded" in unloaded.detail
 
 
 def test_link_power_off_on_the_command_line_is_ok(tmp_path: Path) -> None:
@@ -124,7 +131,7 @@ def test_the_acs_unit_runs_setpci_once_per_bridge_and_refuses_what_is_no_address
         "ExecStart=/usr/bin/setpci -s 0000:02:08.0 ECAP_ACS+0x6.w=0000:000c",
         "ExecStart=/usr/bin/setpci -s 0000:02:10.0 ECAP_ACS+0x6.w=0000:000c"]
     assert unit.startswith("# Managed by gpunode") and "WantedBy=multi-user.target" in unit
-    for bad in (["0000:02:08.0; reboot"], ["-s"], ["0000:02:08.0\nExecStart=/bin/sh"], []):
+    for bad in (["0000:02:08.0; reboot"], ["-s"], ["0000:02:08.0\nExecStart=/bin/sh"], ["0000:02:08.0\n"], []):
         with pytest.raises(ValueError):
             fabric.acs_unit(bad)
 
@@ -138,6 +145,8 @@ def test_the_acs_unit_runs_setpci_once_per_bridge_and_refuses_what_is_no_address
     ('# a comment\nGRUB_CMDLINE_LINUX_DEFAULT="quiet pcie_aspm=off pcie_port_pm=off"\n',
      '# a comment\nGRUB_CMDLINE_LINUX_DEFAULT="quiet pcie_aspm=off pcie_port_pm=off"\n'),
     ("", ""),
+    ("GRUB_CMDLINE_LINUX_DEFAULT='quiet'\n", "GRUB_CMDLINE_LINUX_DEFAULT='quiet pcie_aspm=off pcie_port_pm=off'\n"),
+    ('  export GRUB_CMDLINE_LINUX_DEFAULT=quiet\n', '  export GRUB_CMDLINE_LINUX_DEFAULT="quiet pcie_aspm=off pcie_port_pm=off"\n'),
 ])
 def test_link_power_off_on_a_command_line_file(before: str, after: str) -> None:
     assert fabric.with_link_power_off(before) == after
@@ -185,3 +194,47 @@ def test_the_units_write_turns_a_failing_switch_into_a_passing_one(tmp_path: Pat
     assert found(gathered(tmp_path / "on"))["acs"].status == "fail"
     switch_pair(tmp_path / "cleared", acs=KERNEL_ACS_ON & ~fabric.ACS_CLEAR_MASK)
     assert found(gathered(tmp_path / "cleared"))["acs"].status == "ok"
+
+
+def test_acs_on_a_port_of_a_top_switch_is_judged_by_that_switch_not_the_gpus_nearest(tmp_path: Path) -> None:
+    """Two GPUs under one top switch, one of them behind a second switch: the top switch's
+    downstream ports carry the traffic between them, so ACS there fails."""
+    from fakes.fabric import ENDPOINT, ROOT_PORT, SWITCH_DOWN, SWITCH_UP, config_space, device, gpu_resource
+
+    top = "/sys/devices/pci0000:00/0000:00:01.0"
+    device(tmp_path, top, config_space(ROOT_PORT, ACS_OFF))
+    device(tmp_path, f"{top}/0000:01:00.0", config_space(SWITCH_UP))
+    one = f"{top}/0000:01:00.0/0000:02:00.0"
+    device(tmp_path, one, config_space(SWITCH_DOWN, REQ_REDIR_CMPLT))
+    device(tmp_path, f"{one}/0000:03:00.0", config_space(ENDPOINT), klass="0x030200", resource=gpu_resource(2**37))
+    two = f"{top}/0000:01:00.0/0000:02:01.0"
+    device(tmp_path, two, config_space(SWITCH_DOWN, REQ_REDIR_CMPLT))
+    device(tmp_path, f"{two}/0000:04:00.0", config_space(SWITCH_UP))
+    device(tmp_path, f"{two}/0000:04:00.0/0000:05:00.0", config_space(SWITCH_DOWN, ACS_OFF))
+    device(tmp_path, f"{two}/0000:04:00.0/0000:05:00.0/0000:06:00.0", config_space(ENDPOINT), klass="0x030200",
+           resource=gpu_resource(2**37))
+    facts = gathered(tmp_path)
+    assert found(facts)["acs"].status == "fail"
+    # The second switch holds one GPU: its port is not cleared; the top switch's two are.
+    assert fabric.acs_to_clear(facts) == ["0000:02:00.0", "0000:02:01.0"]
+
+
+def test_the_list_to_clear_stays_the_same_once_the_unit_has_cleared_the_bits(tmp_path: Path) -> None:
+    switch_pair(tmp_path / "on", acs=REQ_REDIR_CMPLT)
+    switch_pair(tmp_path / "off", acs=ACS_OFF)
+    assert fabric.acs_to_clear(gathered(tmp_path / "on")) == fabric.acs_to_clear(gathered(tmp_path / "off")) == [
+        "0000:02:08.0", "0000:02:10.0"]
+    # Root ports are the firmware's: named (warn), never in the unit.
+    direct_pair(tmp_path / "direct", acs=REQ_REDIR_CMPLT)
+    assert fabric.acs_to_clear(gathered(tmp_path / "direct")) == []
+
+
+@pytest.mark.parametrize("grub", [
+    'GRUB_CMDLINE_LINUX_DEFAULT="quiet" # iommu\n',  # something after the value
+    'GRUB_CMDLINE_LINUX_DEFAULT="quiet\n  iommu=pt"\n',  # a value over two lines
+    'GRUB_CMDLINE_LINUX_DEFAULT="quiet $EXTRA"\n',  # shell expansion: not gpunode's to guess
+    'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX="quiet"\n',  # no DEFAULT line
+])
+def test_a_grub_file_gpunode_cannot_edit_safely_is_refused_not_mangled(grub: str) -> None:
+    with pytest.raises(ValueError, match="by hand"):
+        fabric.with_link_power_off(grub)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from gpunode.checks.conftest import _remote_python
-from gpunode.stages.host.fabric import FabricExpectations, evaluate_fabric
+from gpunode.stages.host.fabric import FabricExpectations, acs_to_clear, evaluate_fabric
 from gpunode.stages.host.findings import Expectations, Finding, evaluate
 
 FINDINGS = ("gpus", "gpu_binding", "driver", "open_module", "iommu", "hmm", "persistenced", "device_nodes",
-            "kernel_headers", "dkms_build", "kernel_support", "acs", "bar1", "p2p_mode")
+            "kernel_headers", "dkms_build", "kernel_support", "acs", "bar1")  # p2p_mode, aspm: advice, never a failure
 HMM_CONF = "/etc/modprobe.d/gpunode-nvidia-uvm.conf"
 NODES_UNIT = "gpunode-nvidia-nodes.service"
 ACS_UNIT = "gpunode-pcie-acs.service"
@@ -26,6 +26,15 @@ def _hmm_configured(host: Any) -> bool:
     # testinfra's contains() raises on a missing file (grep exits 2): ask exists() first.
     conf = host.file(HMM_CONF)
     return bool(conf.exists and conf.contains("^options nvidia_uvm uvm_disable_hmm=1"))
+
+
+def _acs_unit_covers(host: Any, ports: list[str]) -> bool:
+    """The ACS unit is enabled and runs setpci on every port that needs it."""
+    unit = host.file(f"/etc/systemd/system/{ACS_UNIT}")
+    if not ports or not unit.exists or not host.service(ACS_UNIT).is_enabled:
+        return False
+    text = unit.content_string
+    return all(f"setpci -s {port} " in text for port in ports)
 
 
 def _expect(gpunode_host: dict[str, Any]) -> Expectations:
@@ -51,7 +60,7 @@ def test_host_finding(name: str, pve_host: Any, gpunode_host: dict[str, Any], ho
     recorded = gpunode_host["facts_root"] != "/"
     if name == "hmm" and failed and _hmm_configured(pve_host):
         pytest.xfail(f"pending: {failed[0].detail}: configured in {HMM_CONF}; reload nvidia_uvm or reboot")
-    if name == "acs" and failed and pve_host.service(ACS_UNIT).is_enabled:
+    if name == "acs" and failed and _acs_unit_covers(pve_host, acs_to_clear(host_facts.get("fabric") or {})):
         pytest.xfail(f"pending: {failed[0].detail}: {ACS_UNIT} clears it at the next boot")
     if name == "persistenced" and recorded and findings and findings[0].status != "ok":
         pytest.xfail(f"recorded state ({gpunode_host['facts_root']}): {findings[0].detail}")

@@ -84,6 +84,28 @@ def redirecting_bridges(gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
+def shared_switch_ports(gpus: list[dict[str, Any]]) -> dict[str, str]:
+    """Each switch downstream port with an ACS capability above a GPU, whose own switch (the nearest
+    upstream port above the port, at any depth) has two or more GPUs beneath it: port -> that switch.
+    ACS there redirects traffic between GPUs of one switch. Read from the capability, not the bits,
+    so the list stays the same once the bits are cleared."""
+    beneath: dict[str, set[str]] = {}
+    for gpu in gpus:
+        for bridge in _parents(gpu):
+            if bridge.get("port_type") == SWITCH_UP:
+                beneath.setdefault(bridge["address"], set()).add(str(gpu["address"]))
+    out: dict[str, str] = {}
+    for gpu in gpus:
+        chain = _parents(gpu)
+        for index, bridge in enumerate(chain):
+            if bridge.get("port_type") != SWITCH_DOWN or bridge.get("acs") is None:
+                continue
+            ups = [p["address"] for p in chain[:index] if p.get("port_type") == SWITCH_UP]
+            if ups and len(beneath.get(ups[-1], ())) > 1:
+                out[bridge["address"]] = ups[-1]
+    return out
+
+
 def unread_bridges(gpus: list[dict[str, Any]]) -> list[str]:
     """Bridges whose ACS could not be read (a config space of 256 bytes or less: read without root)."""
     return sorted({p["address"] for gpu in gpus for p in _parents(gpu)
@@ -93,26 +115,22 @@ def unread_bridges(gpus: list[dict[str, Any]]) -> list[str]:
 def check_acs(fabric: dict[str, Any], expect: FabricExpectations) -> Finding:
     gpus = list(fabric.get("gpus") or [])
     redirect = redirecting_bridges(gpus)
-    by_switch: dict[str | None, int] = {}
-    for gpu in gpus:
-        by_switch[switch_of(gpu)] = by_switch.get(switch_of(gpu), 0) + 1
-    shared_switch = []
-    for address, entry in sorted(redirect.items()):
-        if entry["port_type"] == SWITCH_DOWN:
-            switch = next((switch_of(g) for g in gpus if g["address"] in entry["gpus"]), None)
-            if switch is not None and by_switch.get(switch, 0) > 1:
-                shared_switch.append(address)
-    fix = ("the host stage clears ACS redirect on them at boot with setpci (gpunode-pcie-acs.service, "
-           "prepare.clear_acs); reboot, or run the unit, to clear it now" if expect.clear_acs else
-           "set prepare.clear_acs so the host stage clears it at boot with setpci, or turn ACS off in the firmware")
+    shared = shared_switch_ports(gpus)
+    failing = [address for address in sorted(redirect) if address in shared]
     if redirect:
         named = "; ".join(f"{address} ({entry['port_type'] or 'bridge'}: {'+ '.join(entry['bits'])}+, above "
                           f"{', '.join(entry['gpus'])})" for address, entry in sorted(redirect.items()))
-        if shared_switch:
+        if failing:
+            fix = ("the host stage clears ReqRedir and CmpltRedir on " + ", ".join(failing) + " at each boot with "
+                   "setpci (gpunode-pcie-acs.service, prepare.clear_acs); reboot, or start the unit, to clear it now"
+                   if expect.clear_acs else
+                   "set prepare.clear_acs so the host stage clears it at boot with setpci, or turn ACS off in the "
+                   "firmware")
             return Finding("acs", FAIL, f"ACS redirects peer traffic through the root complex between GPUs under one "
                            f"PCIe switch (P2P halved or failing): {named}", fix)
         return Finding("acs", WARN, f"ACS redirect on bridges above the GPUs (peer traffic goes up to the root "
-                       f"complex): {named}", fix)
+                       f"complex): {named}", "gpunode clears ACS only on the downstream ports of a switch shared by "
+                       "GPUs; turn it off in the firmware if these GPUs must reach each other directly")
     unread = unread_bridges(gpus)
     if unread:
         return Finding("acs", WARN, f"cannot read ACS on {', '.join(unread)} (config space of 256 bytes: read as "
@@ -176,6 +194,10 @@ def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expec
     if not pairs:
         return Finding("p2p_mode", OK, "every pair of GPUs shares a PCIe switch: kernel-level P2P is direct")
     live = {str(k): str(v) for k, v in (fabric.get("registry_dwords") or {}).items()}
+    if not fabric.get("driver_params"):
+        return Finding("p2p_mode", WARN, f"{len(pairs)} pair(s) of GPUs share no PCIe switch (e.g. {pairs[0][0]} and "
+                       f"{pairs[0][1]}); the nvidia module is not loaded, so its P2P keys cannot be read",
+                       "load the driver, then run the host stage again")
     missing = _missing(live)
     if not missing:
         return Finding("p2p_mode", OK, f"{len(pairs)} direct-attached pair(s); the nvidia module has the P2P keys")
@@ -213,8 +235,10 @@ def evaluate_fabric(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expe
 
 
 def acs_to_clear(fabric: dict[str, Any]) -> list[str]:
-    """The bridges whose ACS redirect the host stage clears at boot (prepare.clear_acs)."""
-    return sorted(redirecting_bridges(list(fabric.get("gpus") or [])))
+    """The ports on which the host stage clears ACS redirect at each boot (prepare.clear_acs): the
+    downstream ports of switches shared by GPUs, whatever their bits are now (a stable list, so the
+    unit is not rewritten once it has done its work). Root ports are left to the firmware."""
+    return sorted(shared_switch_ports(list(fabric.get("gpus") or [])))
 
 
 def wants_p2p_registry(fabric: dict[str, Any]) -> bool:
@@ -223,8 +247,12 @@ def wants_p2p_registry(fabric: dict[str, Any]) -> bool:
 
 
 # -- what the host stage writes (files it owns; text in, text out) -------------------------------
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_GRUB_LINE = re.compile(r'^(GRUB_CMDLINE_LINUX_DEFAULT=)(["\']?)(.*?)\2\s*$')
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_GRUB_ANY = re.compile(r"^\s*(export\s+)?GRUB_[A-Z_]+=")
+_GRUB_DEFAULT = re.compile(r"^\s*(export\s+)?GRUB_CMDLINE_LINUX_DEFAULT=")
+# One value, double- or single-quoted (no quote of its kind inside) or bare, then only blanks.
+_GRUB_LINE = re.compile(r"""^(?P<head>\s*(?:export\s+)?GRUB_CMDLINE_LINUX_DEFAULT=)"""
+                        r"""(?:"(?P<dq>[^"\\$`]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s"'#;&|$`\\]*))[ \t]*\Z""")
 
 
 def acs_unit(bridges: list[str]) -> str:
@@ -232,7 +260,7 @@ def acs_unit(bridges: list[str]) -> str:
     the GPUs: ``setpci -s BDF ECAP_ACS+0x6.w=0000:000c`` (setpci's value:mask writes only the masked
     bits; ECAP_ACS finds the capability wherever the port keeps it). Addresses are checked: each
     becomes one argument of setpci, never anything else."""
-    bad = [b for b in bridges if not _BDF.match(b)]
+    bad = [b for b in bridges if not isinstance(b, str) or not _BDF.fullmatch(b)]
     if bad or not bridges:
         raise ValueError(f"not PCI addresses: {bad}" if bad else "no bridge to clear ACS on")
     lines = "\n".join(f"ExecStart=/usr/bin/setpci -s {bdf} ECAP_ACS+0x6.w=0000:{ACS_CLEAR_MASK:04x}"
@@ -249,29 +277,40 @@ def _power_off_words(words: list[str]) -> list[str]:
     return kept + [f"{key}={value}" for key, value in LINK_POWER_OFF.items()]
 
 
+def _has_power_off(words: list[str]) -> bool:
+    return [w for w in words if w.partition("=")[0] in LINK_POWER_OFF] == [f"{k}={v}" for k, v in LINK_POWER_OFF.items()]
+
+
 def with_link_power_off(text: str) -> str:
     """A kernel command line file with pcie_aspm=off pcie_port_pm=off (other values of those two
     replaced): /etc/kernel/cmdline (one line of words), or /etc/default/grub (its
-    GRUB_CMDLINE_LINUX_DEFAULT). Unchanged when they are already there, so a re-run writes nothing."""
+    GRUB_CMDLINE_LINUX_DEFAULT, which must be one quoted value with nothing after it). Unchanged
+    when they are already there, so a re-run writes nothing. A grub file gpunode cannot edit safely
+    (no such line, a value it cannot read as one) raises ValueError naming why: never a guess."""
     lines = text.splitlines(keepends=True)
-    if any(line.startswith("GRUB_") or line.startswith("#") for line in lines):
-        out = []
+    if any(_GRUB_ANY.match(line) or line.lstrip().startswith("#") for line in lines):
+        out, edited = [], False
         for line in lines:
+            if not _GRUB_DEFAULT.match(line):
+                out.append(line)
+                continue
             match = _GRUB_LINE.match(line.rstrip("\n"))
-            if match:
-                words = match.group(3).split()
-                if [w for w in words if w.partition("=")[0] in LINK_POWER_OFF] != \
-                        [f"{k}={v}" for k, v in LINK_POWER_OFF.items()]:
-                    quote = match.group(2) or '"'
-                    line = f"{match.group(1)}{quote}{' '.join(_power_off_words(words))}{quote}\n"
+            if match is None:
+                raise ValueError(f"cannot add pcie_aspm=off pcie_port_pm=off to {line.strip()!r}: not one quoted "
+                                 "value with nothing after it; edit it by hand")
+            edited = True
+            quote = "'" if match.group("sq") is not None else '"'  # the operator's quoting, kept
+            words = next(v for v in match.group("dq", "sq", "bare") if v is not None).split()
+            if not _has_power_off(words):
+                line = f"{match.group('head')}{quote}{' '.join(_power_off_words(words))}{quote}\n"
             out.append(line)
+        if not edited:
+            raise ValueError("no GRUB_CMDLINE_LINUX_DEFAULT line to add pcie_aspm=off pcie_port_pm=off to; add it by hand")
         return "".join(out)
     if not text.strip():
         return text
     words = text.split()
-    if [w for w in words if w.partition("=")[0] in LINK_POWER_OFF] == [f"{k}={v}" for k, v in LINK_POWER_OFF.items()]:
-        return text
-    return " ".join(_power_off_words(words)) + "\n"
+    return text if _has_power_off(words) else " ".join(_power_off_words(words)) + "\n"
 
 
 def edit_cmdline(text: str, release_vfio: bool, link_power_off: bool) -> str:

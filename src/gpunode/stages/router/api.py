@@ -82,7 +82,8 @@ class RouterApi:
             body["api_key"] = api_key
         reply = self._call("POST", "/workers", json=body)
         if reply.status_code not in (200, 201, 202):
-            said = redact(reply.text[:200], [api_key] if api_key else [])  # a router may echo what it was sent
+            # A router may echo what it was sent: hidden first, then cut (a cut key would not match).
+            said = redact(reply.text, [api_key] if api_key else [])[:200]
             raise RouterUnavailable(f"POST /workers {url}: HTTP {reply.status_code}: {said}")
 
     def remove_worker(self, worker: RouterWorker) -> None:

@@ -33,6 +33,7 @@ from gpunode.stages.router.api import PROBE, RouterApi, RouterUnavailable, probe
 from gpunode.stages.common import Reach, StageResult, console
 
 READY_TIMEOUT_S = 60.0
+UNREAD_MODEL = "unknown"  # the model_id the router gives a worker whose /model_info it could not read
 REGISTER_WAIT_S = 20.0  # a new router registers the live workers itself, in the background
 
 
@@ -92,9 +93,9 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
               health_wait_s: float, served_name: str, api_key: str | None) -> tuple[bool, list[str], dict[str, str]]:
     """Bring the router's workers to the host file's: (changed, lines, down: url -> why).
 
-    A live worker the router lists under another model than the served name (``unknown``: it was
-    registered without the fleet's key, so the router could not read its /model_info) is removed
-    and registered again with the key: otherwise /v1/models through the router lists ``unknown``."""
+    A live worker the router lists under the model ``unknown`` (it was registered without the
+    fleet's key, so the router could not read its /model_info) is removed and registered again with
+    the key, one worker at a time: otherwise /v1/models through the router lists ``unknown``."""
     wanted = {w.url: w for w in workers}
     live, down = set(), {}
     for url in wanted:
@@ -107,19 +108,23 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
         _wait_for(api, live, healthy=False, timeout_s=REGISTER_WAIT_S)
     changed, lines = False, []
     known = {w.url: w for w in api.workers()}
-    unread = {url for url, w in known.items() if url in live and w.model_id != served_name}
-    for url in sorted(unread):
+    # Only the router's own word for "could not read it", and only when a key would let it: another
+    # model name is the operator's, an empty one an older router's.
+    unread = sorted(url for url, w in known.items() if url in live and w.model_id == UNREAD_MODEL and api_key)
+    for url in unread:  # one at a time: the others keep serving meanwhile
         api.remove_worker(known[url])
-    stuck = _wait_gone(api, unread, REGISTER_WAIT_S) if unread else set()
-    for url in sorted(stuck):
-        down[url] = f"is listed by the router under model {known[url].model_id!r}, and the router did not remove it"
-        live.discard(url)
-    for url in sorted(live - (set(known) - unread)):
+        if _wait_gone(api, {url}, REGISTER_WAIT_S):
+            down[url] = f"is listed by the router under model {UNREAD_MODEL!r}, and the router did not remove it"
+            live.discard(url)
+            continue
         api.add_worker(url, api_key)
         changed = True
-        why = (f"the router listed its model as {known[url].model_id!r}, not {served_name!r}: it had no key to read it"
-               if url in unread else "it answers /health again")
-        lines.append(f"worker {wanted[url].host} ({url}): registered{' again' if url in unread else ''} ({why})")
+        lines.append(f"worker {wanted[url].host} ({url}): registered again (the router listed its model as "
+                     f"{UNREAD_MODEL!r}, not {served_name!r}: it had no key to read it)")
+    for url in sorted(live - set(known)):
+        api.add_worker(url, api_key)
+        changed = True
+        lines.append(f"worker {wanted[url].host} ({url}): registered (it answers /health again)")
     for url, worker in sorted(known.items()):
         if url not in wanted:
             api.remove_worker(worker)

@@ -20,7 +20,7 @@ import re
 
 NVIDIA_VENDOR = "0x10de"
 DISPLAY_CLASS = "0x03"  # 0x0300 VGA, 0x0302 3D controller (the datacenter cards)
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")  # \Z: no name ending in a newline
 
 # PCI Express capability (ID 0x10), Capabilities Register bits 7:4 (PCIe Base Spec 7.5.3.2).
 PCIE_CAP_ID = 0x10
