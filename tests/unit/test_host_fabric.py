@@ -60,7 +60,8 @@ def test_acs_on_the_downstream_ports_of_a_shared_switch_fails(tmp_path: Path) ->
     assert fabric.acs_to_clear(facts) == ["0000:02:08.0", "0000:02:10.0"]
     # One switch between them: no staging through system memory, whatever the registry says.
     assert result["p2p_mode"].status == "ok" and "shares a PCIe switch" in result["p2p_mode"].detail
-    assert fabric.direct_pairs(facts["gpus"]) == [] and fabric.switch_of(facts["gpus"][0]) == "0000:01:00.0"
+    assert fabric.direct_pairs(facts["gpus"]) == []
+    assert fabric.shared_switch_ports(facts["gpus"]) == {"0000:02:08.0": "0000:01:00.0", "0000:02:10.0": "0000:01:00.0"}
     assert [g["address"] for g in facts["gpus"]] == gpus
 
 

@@ -40,7 +40,8 @@ def host_changes(host: Host) -> list[str]:
                    "next, the stage stops before any change")
     changes.append("reads the PCIe fabric under the GPUs (bridges, ACS, BAR1, the nvidia module's P2P keys, link "
                    "power) and names acs, bar1, p2p_mode and aspm findings; BAR1 is firmware's, never changed")
-    changes.append("clears ACS redirect on the bridges above the GPUs at boot (gpunode-pcie-acs.service, setpci)"
+    changes.append("clears ACS redirect at boot on the downstream ports of switches shared by GPUs "
+                   "(gpunode-pcie-acs.service, setpci)"
                    if prep.clear_acs else "leaves ACS as it is (prepare.clear_acs)")
     changes.append("for GPUs that share no PCIe switch: the nvidia module's P2P registry keys in "
                    "/etc/modprobe.d/gpunode-nvidia-p2p.conf (read at the next module load)"

@@ -508,10 +508,11 @@ class Prepare(Strict):
     # Pin (proxmox-boot-tool kernel pin) the newest kernel the NVIDIA module is built for when the
     # one that would boot next has none (its DKMS build failed): the GPUs survive the next reboot.
     pin_kernel: bool = False
-    # The PCIe fabric under P2P (FIELD-NOTES s13), each off unless asked: clear ACS redirect on the
-    # bridges above the GPUs at boot (an owned setpci unit); give the nvidia module the P2P registry
-    # keys that direct-attached GPUs need (an owned modprobe.d file); pcie_aspm=off pcie_port_pm=off
-    # on the kernel command line. Each takes effect at the next boot or module reload.
+    # The PCIe fabric under P2P (FIELD-NOTES s13), each off unless asked: clear ACS redirect at boot
+    # on the downstream ports of switches shared by GPUs (an owned setpci unit); give the nvidia
+    # module the P2P registry keys that direct-attached GPUs need (an owned modprobe.d file);
+    # pcie_aspm=off pcie_port_pm=off on the kernel command line. Each takes effect at the next boot
+    # or module reload.
     clear_acs: bool = False
     p2p_registry: bool = False
     link_power_off: bool = False

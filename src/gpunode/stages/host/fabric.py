@@ -22,7 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import BDF, registry_dwords
 from gpunode.stages.host.findings import FAIL, OK, WARN, Finding
+from gpunode.stages.host.vfio import release_cmdline
 
 # The driver's keys for kernel-level P2P on direct-attached GPUs, as the RTX PRO 6000 community
 # sets them (rtx6kpro optimization/pcie-oneshot-allreduce.md; FIELD-NOTES s13).
@@ -53,21 +55,15 @@ def _parents(gpu: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in gpu.get("parents") or [] if isinstance(p, dict)]
 
 
-def switch_of(gpu: dict[str, Any]) -> str | None:
-    """The PCIe switch a GPU sits under: the address of the nearest switch upstream port above it."""
-    ups = [p["address"] for p in _parents(gpu) if p.get("port_type") == SWITCH_UP]
-    return ups[-1] if ups else None
+def _switches(chain: list[dict[str, Any]]) -> list[str]:
+    """The PCIe switches above a function, top first: the addresses of the switch upstream ports in its chain."""
+    return [p["address"] for p in chain if p.get("port_type") == SWITCH_UP]
 
 
 def direct_pairs(gpus: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Pairs of GPUs with no PCIe switch above both: their peer traffic crosses a root port or the CPU."""
-    pairs = []
-    for one, other in itertools.combinations(gpus, 2):
-        shared = {p["address"] for p in _parents(one) if p.get("port_type") == SWITCH_UP} & \
-                 {p["address"] for p in _parents(other) if p.get("port_type") == SWITCH_UP}
-        if not shared:
-            pairs.append((str(one["address"]), str(other["address"])))
-    return pairs
+    return [(str(one["address"]), str(other["address"])) for one, other in itertools.combinations(gpus, 2)
+            if not set(_switches(_parents(one))) & set(_switches(_parents(other)))]
 
 
 def redirecting_bridges(gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,18 +87,17 @@ def shared_switch_ports(gpus: list[dict[str, Any]]) -> dict[str, str]:
     so the list stays the same once the bits are cleared."""
     beneath: dict[str, set[str]] = {}
     for gpu in gpus:
-        for bridge in _parents(gpu):
-            if bridge.get("port_type") == SWITCH_UP:
-                beneath.setdefault(bridge["address"], set()).add(str(gpu["address"]))
+        for switch in _switches(_parents(gpu)):
+            beneath.setdefault(switch, set()).add(str(gpu["address"]))
     out: dict[str, str] = {}
     for gpu in gpus:
         chain = _parents(gpu)
         for index, bridge in enumerate(chain):
             if bridge.get("port_type") != SWITCH_DOWN or bridge.get("acs") is None:
                 continue
-            ups = [p["address"] for p in chain[:index] if p.get("port_type") == SWITCH_UP]
-            if ups and len(beneath.get(ups[-1], ())) > 1:
-                out[bridge["address"]] = ups[-1]
+            above = _switches(chain[:index])
+            if above and len(beneath.get(above[-1], ())) > 1:
+                out[bridge["address"]] = above[-1]
     return out
 
 
@@ -178,7 +173,7 @@ def configured_registry(modprobe: list[dict[str, Any]]) -> dict[str, str]:
         for word in words[2:]:
             key, sep, value = word.partition("=")
             if sep and key == "NVreg_RegistryDwords":
-                found = dict(part.split("=", 1) for part in value.strip("\"'").split(";") if "=" in part)
+                found = registry_dwords(value.strip("\"'"))
     return found
 
 
@@ -247,7 +242,6 @@ def wants_p2p_registry(fabric: dict[str, Any]) -> bool:
 
 
 # -- what the host stage writes (files it owns; text in, text out) -------------------------------
-_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _GRUB_ANY = re.compile(r"^\s*(export\s+)?GRUB_[A-Z_]+=")
 _GRUB_DEFAULT = re.compile(r"^\s*(export\s+)?GRUB_CMDLINE_LINUX_DEFAULT=")
 # One value, double- or single-quoted (no quote of its kind inside) or bare, then only blanks.
@@ -260,13 +254,13 @@ def acs_unit(bridges: list[str]) -> str:
     the GPUs: ``setpci -s BDF ECAP_ACS+0x6.w=0000:000c`` (setpci's value:mask writes only the masked
     bits; ECAP_ACS finds the capability wherever the port keeps it). Addresses are checked: each
     becomes one argument of setpci, never anything else."""
-    bad = [b for b in bridges if not isinstance(b, str) or not _BDF.fullmatch(b)]
+    bad = [b for b in bridges if not isinstance(b, str) or not BDF.match(b)]
     if bad or not bridges:
         raise ValueError(f"not PCI addresses: {bad}" if bad else "no bridge to clear ACS on")
     lines = "\n".join(f"ExecStart=/usr/bin/setpci -s {bdf} ECAP_ACS+0x6.w=0000:{ACS_CLEAR_MASK:04x}"
                       for bdf in sorted(set(bridges)))
-    return ("# Managed by gpunode (prepare.clear_acs): ACS redirect on the bridges above the GPUs sends peer\n"
-            "# traffic through the root complex (P2P halved or failing). Rewritten when the GPUs' bridges change.\n"
+    return ("# Managed by gpunode (prepare.clear_acs): ACS redirect on the downstream ports of switches shared\n"
+            "# by GPUs sends their peer traffic through the root complex (P2P halved or failing).\n"
             "[Unit]\nDescription=Clear PCIe ACS redirect above the GPUs (gpunode)\nDefaultDependencies=no\n"
             "After=sysinit.target\nBefore=nvidia-persistenced.service pve-guests.service\n\n"
             f"[Service]\nType=oneshot\nRemainAfterExit=true\n{lines}\n\n[Install]\nWantedBy=multi-user.target\n")
@@ -316,7 +310,5 @@ def with_link_power_off(text: str) -> str:
 def edit_cmdline(text: str, release_vfio: bool, link_power_off: bool) -> str:
     """What the host stage writes to a kernel command line file: NVIDIA GPUs released from vfio-pci
     (prepare.release_vfio), link power management off (prepare.link_power_off)."""
-    from gpunode.stages.host.vfio import release_cmdline
-
     edited = release_cmdline(text) if release_vfio else text
     return with_link_power_off(edited) if link_power_off else edited

@@ -20,7 +20,7 @@ import re
 
 NVIDIA_VENDOR = "0x10de"
 DISPLAY_CLASS = "0x03"  # 0x0300 VGA, 0x0302 3D controller (the datacenter cards)
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")  # \Z: no name ending in a newline
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")  # a PCI address, whole (\Z: no newline after)
 
 # PCI Express capability (ID 0x10), Capabilities Register bits 7:4 (PCIe Base Spec 7.5.3.2).
 PCIE_CAP_ID = 0x10
@@ -124,7 +124,7 @@ def bar1_bytes(text: str) -> int | None:
 def chain(sysfs_path: str) -> list[str]:
     """The PCI functions from the root bus down to the device, from its resolved sysfs path
     (/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/...)."""
-    return [part for part in sysfs_path.split("/") if _BDF.match(part)]
+    return [part for part in sysfs_path.split("/") if BDF.match(part)]
 
 
 def _function(root: str, sysfs_dir: str) -> dict[str, object]:
@@ -155,7 +155,7 @@ def gpus(root: str) -> list[dict[str, object]]:
         names = sorted(os.listdir(os.path.join(root, "sys/bus/pci/devices")))
     except OSError:
         return out
-    for bdf in (name for name in names if _BDF.match(name)):
+    for bdf in (name for name in names if BDF.match(name)):
         base = f"/sys/bus/pci/devices/{bdf}"
         if _read(root, f"{base}/vendor") != NVIDIA_VENDOR:
             continue
@@ -165,7 +165,7 @@ def gpus(root: str) -> list[dict[str, object]]:
         if real is None:
             continue
         parts = real.split("/")
-        dirs = ["/".join(parts[:index + 1]) for index, part in enumerate(parts) if _BDF.match(part)]
+        dirs = ["/".join(parts[:index + 1]) for index, part in enumerate(parts) if BDF.match(part)]
         parents = [{"address": folder.rsplit("/", 1)[1], **_function(root, folder)} for folder in dirs[:-1]]
         resource = _read(root, f"{base}/resource")
         out.append({

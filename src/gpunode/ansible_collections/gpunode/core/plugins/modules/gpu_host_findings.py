@@ -51,7 +51,7 @@ options:
     type: bool
     default: false
   clear_acs:
-    description: The host stage clears ACS redirect on the bridges above the GPUs at boot (its own setpci unit).
+    description: The host stage clears ACS redirect at boot on the downstream ports of switches shared by GPUs (its own setpci unit).
     type: bool
     default: false
   p2p_registry:
@@ -93,7 +93,7 @@ fabric_repairs:
   type: dict
   contains:
     acs_bridges:
-      description: Addresses of the bridges above the GPUs whose ACS control redirects peer traffic.
+      description: The downstream ports of switches shared by two or more GPUs, where the host stage clears ACS redirect.
       type: list
       elements: str
     p2p_registry:
