@@ -117,7 +117,7 @@ def test_link_power_off_on_the_command_line_is_ok(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("line, keys", [
-    (KEYS, fabric.P2P_REGISTRY),
+    (KEYS, pci_fabric.P2P_REGISTRY),
     ("options nvidia NVreg_RegistryDwords=ForceP2P=0x11", {"ForceP2P": "0x11"}),
     ("options nvidia_uvm NVreg_RegistryDwords=\"ForceP2P=0x11\"", {}),  # another module
     ("# options nvidia NVreg_RegistryDwords=\"ForceP2P=0x11\"", {}),

@@ -17,29 +17,22 @@ by files it owns, and the rest is advice.
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import BDF, registry_dwords
+from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
+    BDF, LEGACY_BAR1, P2P_REGISTRY_DWORDS, direct_pairs, missing_p2p_keys, parents, redirecting_bridges, registry_dwords,
+    shared_switch_ports)
 from gpunode.stages.host.findings import FAIL, OK, WARN, Finding
 from gpunode.stages.host.vfio import release_cmdline
 
-# The driver's keys for kernel-level P2P on direct-attached GPUs, as the RTX PRO 6000 community
-# sets them (rtx6kpro optimization/pcie-oneshot-allreduce.md; FIELD-NOTES s13).
-P2P_REGISTRY = {"ForceP2P": "0x11", "RMForceP2PType": "1", "RMPcieP2PType": "2", "GrdmaPciTopoCheckOverride": "1",
-                "EnableResizableBar": "1"}
-P2P_REGISTRY_DWORDS = ";".join(f"{key}={value}" for key, value in P2P_REGISTRY.items())
 LINK_POWER_OFF = {"pcie_aspm": "off", "pcie_port_pm": "off"}
-REDIRECT_BITS = ("ReqRedir", "CmpltRedir")  # what sends a peer's request or completion up to the root
 # ACS Control bits 2 and 3 (ReqRedir, CmpltRedir): the unit clears only these, keeping SrcValid and
 # UpstreamFwd, which leaves 0x0011 where the kernel set 0x001d (rtx6kpro's disable-acs.service
 # writes that 0x0011; tests/fixtures/host/fabric holds a real machine's lspci after it).
 ACS_CLEAR_MASK = 0x000C
-LEGACY_BAR1 = 256 * 2**20  # the 32-bit window a card falls back to without Above 4G decoding
 MIN_BAR1 = 64 * 2**30  # below every card gpunode serves (RTX PRO 6000 96 GB, H200 141 GB): maps a part only
-SWITCH_DOWN, SWITCH_UP, ROOT_PORT = "switch downstream port", "switch upstream port", "root port"
 
 
 @dataclass(frozen=True)
@@ -51,59 +44,9 @@ class FabricExpectations:
     link_power_off: bool = False  # pcie_aspm=off pcie_port_pm=off on the kernel command line
 
 
-def _parents(gpu: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in gpu.get("parents") or [] if isinstance(p, dict)]
-
-
-def _switches(chain: list[dict[str, Any]]) -> list[str]:
-    """The PCIe switches above a function, top first: the addresses of the switch upstream ports in its chain."""
-    return [p["address"] for p in chain if p.get("port_type") == SWITCH_UP]
-
-
-def direct_pairs(gpus: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Pairs of GPUs with no PCIe switch above both: their peer traffic crosses a root port or the CPU."""
-    return [(str(one["address"]), str(other["address"])) for one, other in itertools.combinations(gpus, 2)
-            if not set(_switches(_parents(one))) & set(_switches(_parents(other)))]
-
-
-def redirecting_bridges(gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each bridge above a GPU whose ACS control redirects peer traffic: address -> {port_type, bits, gpus}."""
-    out: dict[str, dict[str, Any]] = {}
-    for gpu in gpus:
-        for bridge in _parents(gpu):
-            acs = bridge.get("acs") or {}
-            bits = [name for name in REDIRECT_BITS if acs.get(name)]
-            if bits:
-                entry = out.setdefault(bridge["address"], {"port_type": bridge.get("port_type"), "bits": bits,
-                                                           "gpus": []})
-                entry["gpus"].append(str(gpu["address"]))
-    return out
-
-
-def shared_switch_ports(gpus: list[dict[str, Any]]) -> dict[str, str]:
-    """Each switch downstream port with an ACS capability above a GPU, whose own switch (the nearest
-    upstream port above the port, at any depth) has two or more GPUs beneath it: port -> that switch.
-    ACS there redirects traffic between GPUs of one switch. Read from the capability, not the bits,
-    so the list stays the same once the bits are cleared."""
-    beneath: dict[str, set[str]] = {}
-    for gpu in gpus:
-        for switch in _switches(_parents(gpu)):
-            beneath.setdefault(switch, set()).add(str(gpu["address"]))
-    out: dict[str, str] = {}
-    for gpu in gpus:
-        chain = _parents(gpu)
-        for index, bridge in enumerate(chain):
-            if bridge.get("port_type") != SWITCH_DOWN or bridge.get("acs") is None:
-                continue
-            above = _switches(chain[:index])
-            if above and len(beneath.get(above[-1], ())) > 1:
-                out[bridge["address"]] = above[-1]
-    return out
-
-
 def unread_bridges(gpus: list[dict[str, Any]]) -> list[str]:
     """Bridges whose ACS could not be read (a config space of 256 bytes or less: read without root)."""
-    return sorted({p["address"] for gpu in gpus for p in _parents(gpu)
+    return sorted({p["address"] for gpu in gpus for p in parents(gpu)
                    if p.get("acs") is None and int(p.get("config_bytes") or 0) <= 256})
 
 
@@ -130,7 +73,7 @@ def check_acs(fabric: dict[str, Any], expect: FabricExpectations) -> Finding:
     if unread:
         return Finding("acs", WARN, f"cannot read ACS on {', '.join(unread)} (config space of 256 bytes: read as "
                        "root to see the extended capabilities)", "run the host stage as root on the Proxmox host")
-    bridges = {p["address"] for gpu in gpus for p in _parents(gpu)}
+    bridges = {p["address"] for gpu in gpus for p in parents(gpu)}
     if not bridges:
         return Finding("acs", OK, "no bridge above the GPUs (on the root bus): nothing to redirect peer traffic")
     return Finding("acs", OK, f"no ACS redirect on the {len(bridges)} bridge(s) above the GPUs")
@@ -177,10 +120,6 @@ def configured_registry(modprobe: list[dict[str, Any]]) -> dict[str, str]:
     return found
 
 
-def _missing(keys: dict[str, str]) -> list[str]:
-    return [f"{key}={value}" for key, value in P2P_REGISTRY.items() if keys.get(key) != value]
-
-
 def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expect: FabricExpectations) -> Finding:
     gpus = list(fabric.get("gpus") or [])
     if len(gpus) < 2:
@@ -193,10 +132,10 @@ def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expec
         return Finding("p2p_mode", WARN, f"{len(pairs)} pair(s) of GPUs share no PCIe switch (e.g. {pairs[0][0]} and "
                        f"{pairs[0][1]}); the nvidia module is not loaded, so its P2P keys cannot be read",
                        "load the driver, then run the host stage again")
-    missing = _missing(live)
+    missing = missing_p2p_keys(live)
     if not missing:
         return Finding("p2p_mode", OK, f"{len(pairs)} direct-attached pair(s); the nvidia module has the P2P keys")
-    pending = not _missing(configured_registry(modprobe))
+    pending = not missing_p2p_keys(configured_registry(modprobe))
     detail = (f"{len(pairs)} pair(s) of GPUs share no PCIe switch (e.g. {pairs[0][0]} and {pairs[0][1]}) and the "
               f"loaded nvidia module lacks {', '.join(missing)}: the driver stages kernel-level P2P through system "
               "memory (custom all-reduce about 15x slower; NCCL and cudaMemcpy peer copies look healthy)")

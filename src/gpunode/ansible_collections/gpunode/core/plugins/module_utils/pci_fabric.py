@@ -15,8 +15,10 @@ sysfs file of a broken device): every walk is bounded and a loop in a capability
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+from typing import Any
 
 NVIDIA_VENDOR = "0x10de"
 DISPLAY_CLASS = "0x03"  # 0x0300 VGA, 0x0302 3D controller (the datacenter cards)
@@ -32,6 +34,14 @@ PORT_TYPES = {0x0: "endpoint", 0x1: "legacy endpoint", 0x4: "root port", 0x5: "s
 ACS_CAP_ID = 0x000D
 ACS_BITS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
 EXT_START, CONFIG_MAX = 0x100, 4096
+REDIRECT_BITS = ("ReqRedir", "CmpltRedir")  # what sends a peer's request or completion up to the root
+SWITCH_DOWN, SWITCH_UP, ROOT_PORT = "switch downstream port", "switch upstream port", "root port"
+LEGACY_BAR1 = 256 * 2**20  # the 32-bit window a card falls back to without Above 4G decoding
+# The driver's keys for kernel-level P2P on direct-attached GPUs, as the RTX PRO 6000 community
+# sets them (rtx6kpro optimization/pcie-oneshot-allreduce.md; FIELD-NOTES s13).
+P2P_REGISTRY = {"ForceP2P": "0x11", "RMForceP2PType": "1", "RMPcieP2PType": "2", "GrdmaPciTopoCheckOverride": "1",
+                "EnableResizableBar": "1"}
+P2P_REGISTRY_DWORDS = ";".join(f"{key}={value}" for key, value in P2P_REGISTRY.items())
 
 
 def _read(root: str, path: str, binary: bool = False) -> str | bytes | None:
@@ -203,6 +213,11 @@ def registry_dwords(value: str) -> dict[str, str]:
     return out
 
 
+def missing_p2p_keys(keys: dict[str, str]) -> list[str]:
+    """The P2P keys (KEY=VALUE) that ``keys`` lacks or sets otherwise."""
+    return [f"{key}={value}" for key, value in P2P_REGISTRY.items() if keys.get(key) != value]
+
+
 def link_power(cmdline: str) -> dict[str, str | None]:
     """The kernel command line's PCIe link power settings (the last of each wins, as in the kernel)."""
     found: dict[str, str | None] = {"pcie_aspm": None, "pcie_port_pm": None}
@@ -221,3 +236,55 @@ def gather(root: str = "/") -> dict[str, object]:
         "registry_dwords": registry_dwords(params.get("RegistryDwords", "")),
         "link_power": link_power(str(_read(root, "/proc/cmdline") or "")),
     }
+
+
+# -- the topology the facts describe (read by the host stage's findings and the p2p verdict) --------
+
+def parents(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in gpu.get("parents") or [] if isinstance(p, dict)]
+
+
+def _switches(chain: list[dict[str, Any]]) -> list[str]:
+    """The PCIe switches above a function, top first: the addresses of the switch upstream ports in its chain."""
+    return [p["address"] for p in chain if p.get("port_type") == SWITCH_UP]
+
+
+def direct_pairs(gpus: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Pairs of GPUs with no PCIe switch above both: their peer traffic crosses a root port or the CPU."""
+    return [(str(one["address"]), str(other["address"])) for one, other in itertools.combinations(gpus, 2)
+            if not set(_switches(parents(one))) & set(_switches(parents(other)))]
+
+
+def redirecting_bridges(gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each bridge above a GPU whose ACS control redirects peer traffic: address -> {port_type, bits, gpus}."""
+    out: dict[str, dict[str, Any]] = {}
+    for gpu in gpus:
+        for bridge in parents(gpu):
+            acs = bridge.get("acs") or {}
+            bits = [name for name in REDIRECT_BITS if acs.get(name)]
+            if bits:
+                entry = out.setdefault(bridge["address"], {"port_type": bridge.get("port_type"), "bits": bits,
+                                                           "gpus": []})
+                entry["gpus"].append(str(gpu["address"]))
+    return out
+
+
+def shared_switch_ports(gpus: list[dict[str, Any]]) -> dict[str, str]:
+    """Each switch downstream port with an ACS capability above a GPU, whose own switch (the nearest
+    upstream port above the port, at any depth) has two or more GPUs beneath it: port -> that switch.
+    ACS there redirects traffic between GPUs of one switch. Read from the capability, not the bits,
+    so the list stays the same once the bits are cleared."""
+    beneath: dict[str, set[str]] = {}
+    for gpu in gpus:
+        for switch in _switches(parents(gpu)):
+            beneath.setdefault(switch, set()).add(str(gpu["address"]))
+    out: dict[str, str] = {}
+    for gpu in gpus:
+        chain = parents(gpu)
+        for index, bridge in enumerate(chain):
+            if bridge.get("port_type") != SWITCH_DOWN or bridge.get("acs") is None:
+                continue
+            above = _switches(chain[:index])
+            if above and len(beneath.get(above[-1], ())) > 1:
+                out[bridge["address"]] = above[-1]
+    return out
