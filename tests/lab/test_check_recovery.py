@@ -241,6 +241,12 @@ def test_p2p_verdict_is_read_from_the_node_record(gpunode, converged: None) -> N
         message = report["results"][0]["message"]
         assert rc == 1 and "GPU0->GPU1 p2p-unavailable: P2P read not supported" in message
         assert "gpunode provision --tags p2p" in message
+        # A fabric cause the verdict named (issue #35) is carried with its fix.
+        acs = {"severity": "fail", "code": "acs", "subject": "node", "message": "ACS redirects peer traffic",
+               "fix": "set prepare.clear_acs"}
+        rc, report = write(p2p_stage.record([0, 1], 1, {**failing, "findings": failing["findings"] + [acs]}))
+        message = report["results"][0]["message"]
+        assert rc == 1 and "causes: FAIL node acs: ACS redirects peer traffic -> set prepare.clear_acs" in message
     finally:
         on(lab.CONTAINER_IP, f"rm -f {path}")
 

@@ -25,7 +25,7 @@ def test_two_gpu_pass_is_recorded_ok_without_warnings_as_failures() -> None:
     verdict = _verdict("h200x2/p2p_x2.json")  # the H200 x2 run: pass, with vm-passthrough warnings
     record = p2p_stage.record([0, 1], verdict["exit_code"], verdict)
     assert record == {"gpus": [0, 1], "ok": True, "exit_code": 0, "status": "pass",
-                      "summary": "all 2 ordered pairs of 2 GPUs met expectations", "failed": []}
+                      "summary": "all 2 ordered pairs of 2 GPUs met expectations", "failed": [], "causes": []}
 
 
 def test_single_gpu_pass_is_ok() -> None:
@@ -55,8 +55,9 @@ def test_record_carries_no_timings() -> None:
 
 
 def test_the_p2p_archive_runs_alone_as_the_image_runs_it(tmp_path: Path) -> None:
-    """What the p2p stage puts into the server image is the p2p package and the exit codes, no more
-    of gpunode, and it runs from there on its own: here, with no GPU, it says so (exit 4)."""
+    """What the p2p stage puts into the server image is the p2p package, the exit codes and the fabric
+    reader (pci_fabric, stdlib only), no more of gpunode, and it runs from there on its own: here,
+    with no GPU, it says so (exit 4)."""
     import io
     import os
     import subprocess
@@ -66,7 +67,8 @@ def test_the_p2p_archive_runs_alone_as_the_image_runs_it(tmp_path: Path) -> None
         names = sorted(tar.getnames())
         tar.extractall(tmp_path, filter="data")
     assert [name for name in names if not name.startswith("gpunode/stages/p2p/")] == [
-        "gpunode/__init__.py", "gpunode/ground/__init__.py", "gpunode/ground/exitcodes.py", "gpunode/stages/__init__.py"]
+        "gpunode/__init__.py", f"gpunode/{p2p_stage.PCI_FABRIC}", "gpunode/ground/__init__.py",
+        "gpunode/ground/exitcodes.py", "gpunode/stages/__init__.py"]
     assert "gpunode/stages/p2p/stage.py" not in names and "gpunode/stages/p2p/__main__.py" in names
     code = ("import sys, runpy; import gpunode; assert gpunode.__file__.startswith(sys.argv[1]), gpunode.__file__; "
             "sys.argv = ['p2p', '--json']; runpy.run_module('gpunode.stages.p2p', run_name='__main__')")

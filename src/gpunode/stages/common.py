@@ -33,21 +33,24 @@ class Target:
 
     host: Host
     derived: Derived
+    fabric: dict[str, Any] | None = None  # the Proxmox host's PCIe fabric facts (the p2p verdict's causes)
 
     @classmethod
     def of(cls, host: Host) -> Target:
         return cls(host, derive(host))
 
     @classmethod
-    def from_data(cls, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> Target:
+    def from_data(cls, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
+                  fabric: dict[str, Any] | None = None) -> Target:
         """From the inventory's ``gpunode_host`` and ``gpunode_derived`` (a module checks its input
         against the models; it computes nothing); ``api_key_file`` is the run's secret file, which
-        stands in for an env secret (those are kept out of Ansible's environment)."""
+        stands in for an env secret (those are kept out of Ansible's environment); ``fabric`` the
+        host's PCIe fabric facts, read on the Proxmox host by the play (gpunode.core.nvidia_host_facts)."""
         chosen = Host.model_validate(host)
         if api_key_file and chosen.server.api_key is not None:
             chosen = chosen.model_copy(update={"server": chosen.server.model_copy(
                 update={"api_key": SecretRef(file=Path(api_key_file))})})
-        return cls(chosen, Derived.model_validate(derived))
+        return cls(chosen, Derived.model_validate(derived), fabric or None)
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,11 @@ def _stage(name: str) -> ModuleType:
     return import_module(f"gpunode.stages.{name}.stage")
 
 
-def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> Any:
+def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
+                     fabric: dict[str, Any] | None = None) -> Any:
     """The stage's target from the inventory's data, as the stage reads it (a host's ``Target``; the
     router's settings for the router)."""
-    return _stage(name).target_from_data(host, derived, api_key_file)
+    return _stage(name).target_from_data(host, derived, api_key_file, fabric)
 
 
 def run(name: str, target: Any, check_mode: bool) -> StageResult:

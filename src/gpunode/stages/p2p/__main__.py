@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--not-required", action="store_true",
                         help="report P2P problems as warnings, not failures (host file: required: false)")
     parser.add_argument("--min-gpus", type=int, help="fail when fewer GPUs are measured (e.g. the TP size)")
+    parser.add_argument("--fabric-file", type=Path,
+                        help="JSON: the host's PCIe fabric facts (gpunode.core.nvidia_host_facts' fabric, or facts "
+                             "holding it) for the verdict's causes; default: read this machine's sysfs")
     return parser
 
 
@@ -66,14 +69,48 @@ def expectations(args: argparse.Namespace) -> Expectations:
     return Expectations.from_mapping(values)
 
 
+MAX_FABRIC_BYTES = 4 * 2**20  # a fabric of 8 GPUs is a few kB: anything this large is not one
+
+
+def fabric_facts(path: Path | None) -> dict[str, Any]:
+    """The fabric facts from ``--fabric-file`` (raises ValueError naming what is wrong), or this
+    machine's own, read from its sysfs and /proc (inside a container, usually incomplete: the verdict
+    then says so rather than guess)."""
+    if path is None:
+        from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric
+
+        return pci_fabric.gather("/")
+    import json
+
+    if not path.is_file():
+        raise ValueError(f"--fabric-file {path}: not a regular file")
+    with path.open("rb") as handle:
+        raw = handle.read(MAX_FABRIC_BYTES + 1)
+    if len(raw) > MAX_FABRIC_BYTES:
+        raise ValueError(f"--fabric-file {path}: larger than {MAX_FABRIC_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--fabric-file {path}: not JSON ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("fabric"), dict):
+        data = data["fabric"]
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not all(
+            isinstance(gpu, dict) and isinstance(gpu.get("address"), str) and isinstance(gpu.get("parents", []), list)
+            for gpu in data["gpus"]):
+        raise ValueError(f"--fabric-file {path}: not fabric facts (a mapping with a 'gpus' list of addressed GPUs)")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         expect = expectations(args)
+        fabric = fabric_facts(args.fabric_file)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return run(as_json=args.json, expect=expect, size_mb=args.size_mb, quick=args.quick, out=sys.stdout)
+    return run(as_json=args.json, expect=expect, size_mb=args.size_mb, quick=args.quick, out=sys.stdout,
+               fabric=fabric)
 
 
 if __name__ == "__main__":

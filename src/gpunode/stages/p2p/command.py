@@ -29,15 +29,17 @@ def input_problems(expect: Expectations, size_mb: int) -> list[str]:
     return problems
 
 
-def run(*, as_json: bool, expect: Expectations, size_mb: int, quick: bool, out: TextIO) -> int:
-    """Run the whole check on this machine, write the report to ``out``, return the exit code."""
+def run(*, as_json: bool, expect: Expectations, size_mb: int, quick: bool, out: TextIO,
+        fabric: dict[str, Any] | None = None) -> int:
+    """Run the whole check on this machine, write the report to ``out``, return the exit code.
+    ``fabric``: the host's PCIe fabric facts (module_utils/pci_fabric.py), for the verdict's causes."""
     problems = input_problems(expect, size_mb)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     measure.apply_safe_environment()
-    check = _Check(expect, measure.method_for(size_mb, quick))
+    check = _Check(expect, measure.method_for(size_mb, quick), fabric)
     result = check.execute()
     emit(result, as_json, out)
     if result.measurements is not None and result.measurements.hung_step:
@@ -60,8 +62,9 @@ def emit(result: report.CheckResult, as_json: bool, out: TextIO) -> None:
 
 
 class _Check:
-    def __init__(self, expect: Expectations, method: measure.Method) -> None:
+    def __init__(self, expect: Expectations, method: measure.Method, fabric: dict[str, Any] | None = None) -> None:
         self.expect = expect
+        self.fabric = fabric
         self.method = method
         self.began = time.perf_counter()
         self.timing: dict[str, float] = {}
@@ -93,7 +96,7 @@ class _Check:
                                    summary="no GPU could be read here (see findings)", gpus_nvml=0, gpus_measured=0,
                                    pairs_applicable=False, pairs=[], findings=self.findings)
         else:
-            node = verdict.judge(self.topology, self.measurements, self.expect, self.findings)
+            node = verdict.judge(self.topology, self.measurements, self.expect, self.findings, self.fabric)
         return report.CheckResult(verdict=node, expectations=self.expect, topology=self.topology,
                                   measurements=self.measurements, method=self.method, cuda_driver=self.probe,
                                   timing=self.timing)

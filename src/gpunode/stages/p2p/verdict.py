@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpunode.ground import exitcodes
+from gpunode.stages.p2p import fabric as pcie_fabric
+from gpunode.stages.p2p.findings import Finding, PairVerdict, gpu_name, pair_name
 from gpunode.stages.p2p.measure import Bandwidth, DriverProbe, GpuMeasurements, Measurements, PairMeasurements
 from gpunode.stages.p2p.topology import Gpu, HostFacts, PairTopology, Topology
 
@@ -91,32 +93,6 @@ class Expectations:
 
 
 @dataclass
-class Finding:
-    severity: str  # fail | warn | info
-    code: str  # stable identifier for automation
-    subject: str  # node, GPU0, GPU0->GPU1 (NVML indices)
-    message: str
-    cause: str | None = None
-    fix: str | None = None
-    category: str = "node"  # environment | data | p2p (demoted to warn when not required) | node | info
-
-
-@dataclass
-class PairVerdict:
-    src: int
-    dst: int
-    link_class: str  # nvlink | same_numa | cross_numa
-    legend: str
-    expected_gbps: float
-    measured_gbps: float | None
-    bidir_gbps: float | None
-    latency_us: float | None
-    path: str | None
-    status: str  # pass | fail | warn (a failure with required: false) | not measured
-    reasons: list[str] = field(default_factory=list)  # finding codes
-
-
-@dataclass
 class Verdict:
     status: str  # pass | fail | pass (pairs not applicable) | environment
     exit_code: int
@@ -126,14 +102,6 @@ class Verdict:
     pairs_applicable: bool
     pairs: list[PairVerdict]
     findings: list[Finding]
-
-
-def gpu_name(index: int) -> str:
-    return f"GPU{index}"
-
-
-def pair_name(src: int, dst: int) -> str:
-    return f"GPU{src}->GPU{dst}"
 
 
 def numa_of(gpu: Gpu) -> int | None:
@@ -421,8 +389,9 @@ def exit_code_for(findings: list[Finding], pairs_applicable: bool) -> int:
 
 
 def judge(topology: Topology, measurements: Measurements | None, expect: Expectations,
-          extra: list[Finding] | None = None) -> Verdict:
-    """The whole node. ``measurements`` is None when CUDA could not run (``extra`` says why)."""
+          extra: list[Finding] | None = None, fabric: dict[str, Any] | None = None) -> Verdict:
+    """The whole node. ``measurements`` is None when CUDA could not run (``extra`` says why);
+    ``fabric`` is the host's PCIe fabric facts (module_utils/pci_fabric.py), when known."""
     findings: list[Finding] = list(extra or [])
     gpus_measured = {gm.nvml_index: gm for gm in (measurements.gpus if measurements else [])}
     pair_results = {(pm.src, pm.dst): pm for pm in (measurements.pairs if measurements else [])}
@@ -438,6 +407,7 @@ def judge(topology: Topology, measurements: Measurements | None, expect: Expecta
                                                     gpus_measured)
                 pair_verdicts.append(verdict)
                 findings.extend(pair_findings)
+    findings.extend(pcie_fabric.causes(fabric, topology, pair_verdicts, findings))
     missing_p2p = any("p2p-unavailable" in v.reasons for v in pair_verdicts)
     findings[:0] = _virtualization_findings(topology, missing_p2p)
     findings.extend(_count_findings(topology, measurements, expect, measured_indices))

@@ -46,7 +46,10 @@ class RouterTarget:
     api_key_file: str | None = None
 
     @classmethod
-    def from_data(cls, router: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None) -> RouterTarget:
+    def from_data(cls, router: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
+                  fabric: dict[str, Any] | None = None) -> RouterTarget:
+        if fabric:
+            raise ValueError("the router stage reads no PCIe fabric (it has no GPUs)")
         return cls(Router.model_validate(router), RouterDerived.model_validate(derived), api_key_file or None)
 
     def api_key(self) -> str | None:

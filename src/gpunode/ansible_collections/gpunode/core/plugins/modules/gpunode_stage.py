@@ -38,6 +38,13 @@ options:
   api_key_file:
     description: The run's file holding the server's (or for the router stage, the router's) API key, when the host file names one.
     type: path
+  fabric:
+    description:
+      - For the p2p stage, the PCIe fabric under the GPUs as the node's Proxmox host reads it (the C(fabric) of
+        M(gpunode.core.nvidia_host_facts)), so that the verdict can name ACS, BAR1 and the driver's P2P mode as
+        causes. Without it the verdict says the fabric was not judged.
+      - Refused for the router stage, which has no GPUs.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -71,6 +78,7 @@ def main() -> None:
             "host": {"type": "dict", "required": True},
             "derived": {"type": "dict", "required": True},
             "api_key_file": {"type": "path", "no_log": False},
+            "fabric": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -85,13 +93,15 @@ def _run(module: AnsibleModule) -> None:
 
     p = module.params
     try:
-        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"])
+        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"], p["fabric"])
     except ValidationError as exc:
         # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         module.fail_json(msg=f"{p['stage']}: the host data is not what this gpunode writes ({exc.title}): "
                              f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}{more}")
+    except ValueError as exc:  # input the stage refuses (a fabric for the router)
+        module.fail_json(msg=f"{p['stage']}: {exc}")
     try:
         result = stage.run(p["stage"], target, module.check_mode)
     except EngineUnreachable as exc:

@@ -29,6 +29,13 @@ options:
       - Empty means the newest version registered with DKMS.
     type: str
     default: ""
+  gather_subset:
+    description:
+      - Which facts to read. C(all) reads everything below; C(fabric) only C(fabric), as the p2p stage needs it
+        for its verdict (no device nodes, no kernels, no dpkg status).
+    type: str
+    choices: [all, fabric]
+    default: all
 """
 
 EXAMPLES = r"""
@@ -39,6 +46,11 @@ EXAMPLES = r"""
 - name: Read facts recorded on another machine
   gpunode.core.nvidia_host_facts:
     facts_root: /var/lib/gpunode-lab-facts
+
+- name: Read only the PCIe fabric under the GPUs (for the p2p verdict)
+  gpunode.core.nvidia_host_facts:
+    gather_subset: fabric
+  register: host_fabric
 """
 
 RETURN = r"""
@@ -51,6 +63,7 @@ facts:
       C(fabric) (per GPU the bridges up to its root port with their PCIe port type and ACS control bits, BAR1 and the
       link; the nvidia module's P2P parameters in effect; the kernel command line's link power settings), as
       gpunode.stages.host.fabric reads it.
+    - With O(gather_subset=fabric), only C(fabric).
   returned: always
   type: dict
 """
@@ -64,13 +77,16 @@ from ansible_collections.gpunode.core.plugins.module_utils.nvidia_nodes import s
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"facts_root": {"type": "path", "default": "/"}, "dev_root": {"type": "path", "default": "/dev"},
-                       "driver_version": {"type": "str", "default": ""}},
+                       "driver_version": {"type": "str", "default": ""},
+                       "gather_subset": {"type": "str", "default": "all", "choices": ["all", "fabric"]}},
         supports_check_mode=True,
     )
     guard.run(module, "nvidia_host_facts", _run)
 
 
 def _run(module: AnsibleModule) -> None:
+    if module.params["gather_subset"] == "fabric":
+        module.exit_json(changed=False, facts={"fabric": pci_fabric.gather(module.params["facts_root"])})
     facts = gather(module.params["facts_root"], config_root="/")
     facts["devices"] = scan(module.params["dev_root"], try_open=False)
     # The PCIe fabric under the GPUs (bridges, ACS, BAR1, the module's P2P keys, link power): runtime state.

@@ -1,0 +1,140 @@
+"""The PCIe fabric's causes in the p2p verdict (issue #35, item 3): measurements and fabric facts
+(module_utils/pci_fabric.py, the host's view) together name why a pair is slow or broken.
+
+- ``acs``: a pair of GPUs under one PCIe switch is below expectation or has no P2P, and a bridge in
+  the chains below that switch redirects requests or completions (ACSCtl ReqRedir+/CmpltRedir+):
+  the switch sends their traffic up to the root complex instead of across.
+- ``bar1``: a failing pair with a GPU whose BAR1 is the legacy 256 MiB window (Resizable BAR off):
+  large peer mappings fail.
+- ``p2p_mode``: direct-attached pairs (no switch above both) while the loaded nvidia module lacks
+  the P2P registry keys. A warning from the facts alone: the driver then stages kernel-level P2P
+  (custom all-reduce) through system memory, which cudaMemcpy peer copies and NCCL, and so this
+  check's own numbers, do not show.
+- ``fabric-unread``: the facts are incomplete (read without root, or no sysfs here), so nothing
+  above is said. An info, never a cause guessed from half the chain.
+
+Stdlib only, with pci_fabric beside it: this runs in the server image (p2p/stage.py ships both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
+    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, SWITCH_UP, missing_p2p_keys, parents)
+from gpunode.stages.p2p.topology import Topology
+from gpunode.stages.p2p.findings import Finding, PairVerdict, pair_name
+
+CAUSES = ("acs", "bar1", "p2p_mode")  # the host stage's names for them (stages/host/fabric.py)
+SHORT_CONFIG = 64  # a config space this short is only the header: no capability was read
+TROUBLED = ("below-expectation", "p2p-unavailable", "not-measured", "copy-hung")
+ACS_FIX = ("set prepare.clear_acs in the host file so the host stage clears ReqRedir and CmpltRedir on these ports at "
+           "each boot (an owned setpci unit), or turn ACS off in the firmware; then run gpunode p2p again")
+BAR1_FIX = ("turn on Above 4G Decoding and Resizable BAR in the firmware (a reboot through its setup); gpunode cannot "
+            "change it from the host")
+P2P_MODE_FIX = (f"set prepare.p2p_registry in the host file (the host stage writes NVreg_RegistryDwords="
+                f"\"{P2P_REGISTRY_DWORDS}\" to a modprobe.d file it owns), then reload the nvidia module or reboot")
+
+
+def fabric_address(pci_bus_id: str) -> str:
+    """NVML's bus id (``00000000:01:00.0``, an 8-digit domain) as sysfs names it (``0000:01:00.0``)."""
+    return pci_bus_id.strip().lower()[-12:]
+
+
+def unread(fabric: dict[str, Any], topology: Topology) -> str | None:
+    """Why the facts cannot carry a cause, or None when every GPU and every bridge above it was read."""
+    entries = {str(g.get("address")): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
+    missing = [gpu.index for gpu in topology.gpus if fabric_address(gpu.pci_bus_id) not in entries]
+    if not entries or missing:
+        return ("the fabric facts list no GPU" if not entries else
+                "the fabric facts lack " + ", ".join(f"GPU{i}" for i in missing))
+    for entry in entries.values():
+        for function in [entry, *parents(entry)]:
+            size, acs = function.get("config_bytes"), function.get("acs")
+            if not isinstance(function.get("address"), str) or not isinstance(size, int) or isinstance(size, bool) \
+                    or not (acs is None or isinstance(acs, dict)):
+                return f"the facts of {entry['address']} are not pci_fabric's (a bridge without address or config)"
+            if function.get("port_type") is None or size <= SHORT_CONFIG:
+                return f"the config space of {function['address']} was not read (run as root on the host)"
+    return None
+
+
+def _switches(entry: dict[str, Any]) -> list[str]:
+    return [str(p["address"]) for p in parents(entry) if p.get("port_type") == SWITCH_UP]
+
+
+def _redirect_below(entry: dict[str, Any], switch: str) -> list[str]:
+    """The bridges under ``switch`` in this GPU's chain whose ACS redirects peer traffic."""
+    chain = parents(entry)
+    start = next(i for i, p in enumerate(chain) if p.get("address") == switch)
+    return [f"{p['address']} ({'+ '.join(b for b in REDIRECT_BITS if (p.get('acs') or {}).get(b))}+)"
+            for p in chain[start + 1:] if any((p.get("acs") or {}).get(b) for b in REDIRECT_BITS)]
+
+
+def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVerdict],
+           findings: list[Finding]) -> list[Finding]:
+    """Node-level findings, one per fabric cause, naming the pairs it explains; each such pair gains
+    the cause's code among its reasons, and its below-expectation finding leads with it."""
+    if fabric is None:
+        return []
+    why = unread(fabric, topology)
+    if why:
+        return [Finding("info", "fabric-unread", "node", f"PCIe fabric not judged: {why}", category="info")]
+    entries = {str(g["address"]): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
+    entry = {gpu.index: entries[fabric_address(gpu.pci_bus_id)] for gpu in topology.gpus}
+    troubled = {(f.subject): f for f in findings if f.code in TROUBLED}
+    acs: dict[str, list[str]] = {}
+    bar1: dict[str, list[str]] = {}
+    direct: list[str] = []
+    for pair in pairs:
+        name = pair_name(pair.src, pair.dst)
+        one, other = entry[pair.src], entry[pair.dst]
+        shared = [s for s in _switches(one) if s in _switches(other)]
+        if not shared:
+            direct.append(name)
+        if name not in troubled:
+            continue
+        if shared:
+            switch = shared[-1]  # the nearest switch above both: where their traffic should turn
+            ports = sorted(set(_redirect_below(one, switch) + _redirect_below(other, switch)))
+            if ports:
+                acs[name] = ports
+        small = [f"GPU{i} {int(entry[i]['bar1_bytes']) // 2**20} MiB" for i in (pair.src, pair.dst)
+                 if isinstance(entry[i].get("bar1_bytes"), int) and entry[i]["bar1_bytes"] <= LEGACY_BAR1]
+        if small:
+            bar1[name] = small
+    out = []
+    if acs:
+        ports = sorted({p for named in acs.values() for p in named})
+        out.append(Finding("fail", "acs", "node",
+                           f"ACS redirects peer traffic between GPUs under one PCIe switch up to the root complex "
+                           f"({', '.join(ports)}): explains {', '.join(acs)}",
+                           "ACS ReqRedir/CmpltRedir on the switch's downstream ports sends every peer request and "
+                           "completion through the root complex: P2P halved or failing (rtx6kpro hardware/topology.md)",
+                           ACS_FIX, category="p2p"))
+    if bar1:
+        out.append(Finding("fail", "bar1", "node",
+                           f"BAR1 is the legacy 256 MiB window ({', '.join(sorted({s for v in bar1.values() for s in v}))}"
+                           f"): explains {', '.join(bar1)}",
+                           "without Resizable BAR the peer can map only 256 MiB of the card's memory: large peer "
+                           "mappings fail", BAR1_FIX, category="p2p"))
+    missing = missing_p2p_keys({str(k): str(v) for k, v in (fabric.get("registry_dwords") or {}).items()})
+    if direct and fabric.get("driver_params") and missing:
+        out.append(Finding("warn", "p2p_mode", "node",
+                           f"{len(direct)} measured pair(s) share no PCIe switch ({', '.join(direct[:4])}"
+                           f"{', ...' if len(direct) > 4 else ''}) and the loaded nvidia module lacks "
+                           f"{', '.join(missing)}: kernel-level P2P is staged through system memory",
+                           "custom all-reduce runs about 15x slower (rtx6kpro optimization/pcie-oneshot-allreduce.md); "
+                           "cudaMemcpy peer copies and NCCL, and so the numbers above, do not show it", P2P_MODE_FIX,
+                           category="node"))
+    explained = {"acs": acs, "bar1": bar1, "p2p_mode": dict.fromkeys(direct if any(f.code == "p2p_mode" for f in out)
+                                                                       else [], [])}
+    by_name = {pair_name(p.src, p.dst): p for p in pairs}
+    for code, named in explained.items():
+        for name in named:
+            by_name[name].reasons.append(code)
+            below = next((f for f in findings if f.subject == name and f.code == "below-expectation"), None)
+            if below is not None and code != "p2p_mode":
+                cause = next(f.cause for f in out if f.code == code)
+                below.cause = f"{code}: {cause}" + (f"; {below.cause}" if below.cause else "")
+    return out

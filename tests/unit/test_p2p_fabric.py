@@ -1,0 +1,264 @@
+"""The p2p verdict's fabric causes (issue #35, item 3): the measurements and the Proxmox host's PCIe
+fabric facts together name acs, bar1 and p2p_mode; incomplete facts name nothing but themselves.
+
+The nodes are test_p2p_verdict's (the recorded H200 cloned into two GPUs); the fabrics are built by
+tests/fakes/fabric.py after the PCIe Base Specification and read by the real pci_fabric.gather, and
+the H200 machine's own recording (one GPU on the root bus, config space read as root) stands for a
+fabric with nothing to blame. Bandwidths: FIELD-NOTES s1 (53 GB/s healthy same-NUMA, about half
+with ACS redirecting through the root complex, rtx6kpro hardware/topology.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakes.fabric import ACS_OFF, REQ_REDIR_CMPLT, direct_pair, switch_pair  # noqa: E402
+from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric  # noqa: E402
+from gpunode.ground import exitcodes  # noqa: E402
+from gpunode.stages.p2p import __main__ as p2p_main  # noqa: E402
+from gpunode.stages.p2p import fabric as pcie_fabric  # noqa: E402
+from gpunode.stages.p2p import stage as p2p_stage  # noqa: E402
+from gpunode.stages.p2p import verdict  # noqa: E402
+from gpunode.stages.p2p.topology import Topology  # noqa: E402
+from gpunode.stages.p2p.verdict import Expectations  # noqa: E402
+from test_p2p_verdict import PIX, SAME_NUMA_UNI, measured, node  # noqa: E402
+
+HALVED = 26.0  # about half of 53 GB/s: what ACS redirect leaves a same-switch pair
+KEYS = {"RegistryDwords": pci_fabric.P2P_REGISTRY_DWORDS}
+
+
+def on(topology: Topology, addresses: list[str]) -> Topology:
+    """The node's GPUs at the fabric's addresses, as NVML writes them (an 8-digit domain)."""
+    for gpu, address in zip(topology.gpus, addresses, strict=True):
+        gpu.pci_bus_id = "0000" + address.upper()
+    return topology
+
+
+def fabric_of(root: Path, params: dict[str, str] | None = None) -> dict[str, Any]:
+    facts = pci_fabric.gather(str(root))
+    if params is not None:  # the nvidia module loaded, with these parameters
+        facts["driver_params"] = {"RegistryDwords": "", **params}
+        facts["registry_dwords"] = pci_fabric.registry_dwords(facts["driver_params"]["RegistryDwords"])
+    return facts
+
+
+def judged(topology: Topology, uni: float, fabric: dict[str, Any] | None, required: bool = True) -> verdict.Verdict:
+    return verdict.judge(topology, measured((uni, uni), uni * 1.9), Expectations(required=required), fabric=fabric)
+
+
+def finding(result: verdict.Verdict, code: str) -> verdict.Finding:
+    found = [f for f in result.findings if f.code == code]
+    assert len(found) == 1, [f.code for f in result.findings]
+    return found[0]
+
+
+def test_a_halved_same_switch_pair_under_acs_redirect_is_named_acs_with_its_ports(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS))
+    acs = finding(result, "acs")
+    assert acs.severity == "fail" and acs.subject == "node" and acs.category == "p2p"
+    assert "0000:02:08.0 (ReqRedir+ CmpltRedir+)" in acs.message and "0000:02:10.0" in acs.message
+    assert "GPU0->GPU1" in acs.message and "GPU1->GPU0" in acs.message
+    assert "prepare.clear_acs" in (acs.fix or "")
+    assert all("acs" in pair.reasons for pair in result.pairs)
+    below = [f for f in result.findings if f.code == "below-expectation"]
+    assert below and all((f.cause or "").startswith("acs: ") for f in below)
+    assert result.exit_code == exitcodes.FAILED
+
+
+def test_the_same_pair_with_acs_off_is_not_blamed_on_acs(tmp_path: Path) -> None:
+    """Halved with ACS off: something else (the generic causes), never acs."""
+    gpus = switch_pair(tmp_path, acs=ACS_OFF)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS))
+    assert "acs" not in [f.code for f in result.findings]
+    assert all("acs" not in pair.reasons for pair in result.pairs) and result.exit_code == exitcodes.FAILED
+
+
+def test_acs_redirect_on_a_healthy_pair_is_no_cause(tmp_path: Path) -> None:
+    """The verdict names what explains a measurement; the host stage names the setting itself."""
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    result = judged(on(node(level=PIX), gpus), SAME_NUMA_UNI, fabric_of(tmp_path, KEYS))
+    assert result.exit_code == exitcodes.OK and not [c for c in pcie_fabric.CAUSES
+                                                     if c in [f.code for f in result.findings]]
+
+
+def test_a_failing_pair_with_the_legacy_bar1_is_named_bar1(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=ACS_OFF, bar1_bytes=pci_fabric.LEGACY_BAR1)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS))
+    bar1 = finding(result, "bar1")
+    assert bar1.severity == "fail" and "GPU0 256 MiB" in bar1.message and "Resizable BAR" in (bar1.fix or "")
+    assert all("bar1" in pair.reasons for pair in result.pairs)
+
+
+def test_direct_attached_pairs_without_the_registry_keys_are_a_p2p_mode_warning(tmp_path: Path) -> None:
+    """Healthy numbers, yet the driver stages kernel-level P2P through memory: a warning, which
+    cudaMemcpy peer copies cannot show (rtx6kpro optimization/pcie-oneshot-allreduce.md)."""
+    gpus = direct_pair(tmp_path)
+    result = judged(on(node(), gpus), SAME_NUMA_UNI, fabric_of(tmp_path, {}))
+    mode = finding(result, "p2p_mode")
+    assert mode.severity == "warn" and "ForceP2P=0x11" in mode.message and "do not show it" in (mode.cause or "")
+    assert "prepare.p2p_registry" in (mode.fix or "")
+    assert result.exit_code == exitcodes.OK and all("p2p_mode" in pair.reasons for pair in result.pairs)
+
+
+def test_direct_attached_pairs_with_the_keys_loaded_pass_quietly(tmp_path: Path) -> None:
+    gpus = direct_pair(tmp_path)
+    result = judged(on(node(), gpus), SAME_NUMA_UNI, fabric_of(tmp_path, KEYS))
+    assert "p2p_mode" not in [f.code for f in result.findings] and result.exit_code == exitcodes.OK
+
+
+def test_p2p_mode_is_not_said_of_pairs_under_one_switch(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=ACS_OFF)
+    result = judged(on(node(level=PIX), gpus), SAME_NUMA_UNI, fabric_of(tmp_path, {}))
+    assert "p2p_mode" not in [f.code for f in result.findings]
+
+
+def test_without_the_module_loaded_p2p_mode_is_not_guessed(tmp_path: Path) -> None:
+    gpus = direct_pair(tmp_path)
+    result = judged(on(node(), gpus), SAME_NUMA_UNI, fabric_of(tmp_path))  # no /proc/driver/nvidia/params
+    assert "p2p_mode" not in [f.code for f in result.findings]
+
+
+def test_not_required_demotes_the_fabric_causes_with_the_pairs(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS), required=False)
+    assert finding(result, "acs").severity == "warn" and result.exit_code == exitcodes.OK
+
+
+@pytest.mark.parametrize("damage", ["short-config", "missing-gpu", "no-gpus"])
+def test_incomplete_facts_name_no_cause_and_say_so(tmp_path: Path, damage: str) -> None:
+    """Read without root (64 bytes of config space, as inside a container), facts of another machine,
+    or no sysfs: fabric-unread, an info, and no acs however the numbers look."""
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path, KEYS)
+    if damage == "short-config":
+        facts["gpus"][0]["parents"][-1].update(config_bytes=64, port_type=None, acs=None)
+    elif damage == "missing-gpu":
+        facts["gpus"] = facts["gpus"][:1]
+    else:
+        facts["gpus"] = []
+    result = judged(on(node(level=PIX), gpus), HALVED, facts)
+    unread = finding(result, "fabric-unread")
+    assert unread.severity == "info" and "not judged" in unread.message
+    assert not [f for f in result.findings if f.code in pcie_fabric.CAUSES]
+
+
+def test_without_fabric_facts_the_verdict_is_as_before(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    result = judged(on(node(level=PIX), gpus), HALVED, None)
+    assert not [f for f in result.findings if f.code in (*pcie_fabric.CAUSES, "fabric-unread")]
+
+
+def test_the_h200_recording_has_nothing_to_blame(tmp_path: Path) -> None:
+    """The H200 machine's own fabric (a VM, one GPU on the root bus, read as root): complete facts;
+    with its one GPU there is no pair and no cause."""
+    recording = Path(__file__).resolve().parents[1] / "fixtures" / "host" / "h200" / "fabric" / "fabric-sysroot.tar.gz"
+    with tarfile.open(recording) as tar:
+        tar.extractall(tmp_path, filter="data")
+    facts = pci_fabric.gather(str(tmp_path / "sysroot"))
+    topology = node()
+    address = facts["gpus"][0]["address"]
+    topology.gpus[0].pci_bus_id = "0000" + address.upper()
+    topology.gpus, topology.pairs = topology.gpus[:1], []
+    assert pcie_fabric.unread(facts, topology) is None
+    assert pcie_fabric.causes(facts, topology, [], []) == []
+
+
+def test_nvml_bus_ids_map_to_sysfs_addresses() -> None:
+    assert pcie_fabric.fabric_address("00000000:C1:00.0") == "0000:c1:00.0"
+    assert pcie_fabric.fabric_address("0000:41:00.0") == "0000:41:00.0"
+
+
+# -- the stand-alone check's --fabric-file ------------------------------------------------------
+
+@pytest.mark.parametrize("content, wrong", [
+    (b"{", "not JSON"),
+    (b"[1, 2]", "not fabric facts"),
+    (b'{"gpus": [{"parents": []}]}', "not fabric facts"),
+    (b'{"gpus": "many"}', "not fabric facts"),
+    (b"\xff\xfe", "not JSON"),
+])
+def test_a_bad_fabric_file_is_bad_input_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        content: bytes, wrong: str) -> None:
+    path = tmp_path / "fabric.json"
+    path.write_bytes(content)
+    assert p2p_main.main(["--fabric-file", str(path)]) == exitcodes.BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --fabric-file {path}: {wrong}") and err.count("\n") == 1
+
+
+def test_a_fabric_file_that_is_not_a_file_or_too_large_is_refused(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert p2p_main.main(["--fabric-file", str(tmp_path)]) == exitcodes.BAD_INPUT
+    assert "not a regular file" in capsys.readouterr().err
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (p2p_main.MAX_FABRIC_BYTES + 1))
+    assert p2p_main.main(["--fabric-file", str(big)]) == exitcodes.BAD_INPUT
+    assert "larger than" in capsys.readouterr().err
+
+
+def test_the_fabric_file_takes_the_facts_module_output_or_the_fabric_alone(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path / "sys", acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path / "sys", KEYS)
+    for data in (facts, {"fabric": facts, "gpus": "the host facts' own list"}):
+        path = tmp_path / "fabric.json"
+        path.write_text(json.dumps(data))
+        assert [g["address"] for g in p2p_main.fabric_facts(path)["gpus"]] == gpus
+
+
+def test_the_stage_ships_the_fabric_reader_and_the_facts_and_records_the_causes(tmp_path: Path) -> None:
+    """In the image: pci_fabric beside the p2p package, fabric.json when the play read it; the
+    node's record carries the causes with their fixes for `gpunode check`."""
+    facts = {"gpus": [], "driver_params": {}, "registry_dwords": {}, "link_power": {}}
+    with tarfile.open(fileobj=io.BytesIO(p2p_stage.archive(facts))) as tar:
+        names = tar.getnames()
+        shipped = json.load(tar.extractfile(p2p_stage.FABRIC_FILE))  # type: ignore[arg-type]
+    assert f"gpunode/{p2p_stage.PCI_FABRIC}" in names and "gpunode/stages/p2p/fabric.py" in names
+    assert shipped == facts
+    with tarfile.open(fileobj=io.BytesIO(p2p_stage.archive())) as tar:
+        assert p2p_stage.FABRIC_FILE not in tar.getnames()
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS))
+    from dataclasses import asdict
+
+    record = p2p_stage.record([0, 1], result.exit_code, asdict(result))
+    assert not record["ok"] and len(record["causes"]) == 1
+    assert record["causes"][0].startswith("FAIL node acs: ACS redirects") and "-> set prepare.clear_acs" in record["causes"][0]
+
+
+
+@pytest.mark.parametrize("bridge", [{"port_type": "root port"}, {"address": 7, "config_bytes": 4096},
+                                    {"address": "0000:00:01.0", "config_bytes": "4096", "port_type": "root port"},
+                                    {"address": "0000:00:01.0", "config_bytes": 4096, "port_type": "root port",
+                                     "acs": ["ReqRedir"]}])
+def test_facts_that_are_not_pci_fabrics_are_unread_not_a_crash(tmp_path: Path, bridge: dict[str, Any]) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path, KEYS)
+    facts["gpus"][1]["parents"][0] = bridge
+    result = judged(on(node(level=PIX), gpus), HALVED, facts)
+    assert "not pci_fabric's" in finding(result, "fabric-unread").message
+
+
+def test_the_play_reads_only_the_fabric_on_the_proxmox_host(tmp_path: Path) -> None:
+    """nvidia_host_facts with gather_subset=fabric, as the p2p role calls it: the fabric and nothing
+    else, the same facts the host stage reads (the H200 recording as the host's root)."""
+    from test_module_failures import run_module
+
+    recording = Path(__file__).resolve().parents[1] / "fixtures" / "host" / "h200" / "fabric" / "fabric-sysroot.tar.gz"
+    with tarfile.open(recording) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "sysroot"
+    result = run_module("nvidia_host_facts", {"facts_root": str(root), "gather_subset": "fabric"}, tmp_path)
+    assert not result["failed"] and list(result["facts"]) == ["fabric"]
+    assert result["facts"]["fabric"] == json.loads(json.dumps(pci_fabric.gather(str(root))))
+    refused = run_module("nvidia_host_facts", {"gather_subset": "kernels"}, tmp_path)
+    assert refused["failed"] and "gather_subset" in refused["msg"]
