@@ -95,3 +95,46 @@ def direct_pair(root: Path, acs: int = ACS_OFF) -> list[str]:
                driver="nvidia")
         gpus.append(address)
     return gpus
+
+
+def flat_switches(root: Path, switches: int = 3, per_switch: int = 2, acs: int = ACS_OFF) -> list[str]:
+    """A flat fabric: ``switches`` PCIe switches, each on a root port of its own (no root switch
+    above them), ``per_switch`` GPUs under each; the layout of rtx6kpro's 16-GPU TR Pro rig
+    (hardware/collapse-report.md, lines 65-81) made smaller."""
+    gpus = []
+    for number in range(switches):
+        top = f"/sys/devices/pci0000:00/0000:00:{number + 1:02x}.0"
+        up = f"0000:{0x10 * (number + 1):02x}:00.0"
+        device(root, top, config_space(ROOT_PORT, ACS_OFF))
+        device(root, f"{top}/{up}", config_space(SWITCH_UP))
+        for slot in range(per_switch):
+            bus = 0x10 * (number + 1) + 1
+            down = f"0000:{bus:02x}:{slot:02x}.0"
+            device(root, f"{top}/{up}/{down}", config_space(SWITCH_DOWN, acs))
+            address = f"0000:{bus + 1 + slot:02x}:00.0"
+            device(root, f"{top}/{up}/{down}/{address}", config_space(ENDPOINT), klass="0x030200",
+                   resource=GPU_RESOURCE, driver="nvidia")
+            gpus.append(address)
+    return gpus
+
+
+def root_switch(root: Path, switches: int = 3, per_switch: int = 2) -> list[str]:
+    """A hierarchical fabric: one root port, a root switch under it, ``switches`` switches under the
+    root switch, ``per_switch`` GPUs under each: cross-switch traffic never reaches a CPU root port."""
+    top = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    device(root, "/sys/devices/pci0000:00/0000:00:01.0", config_space(ROOT_PORT, ACS_OFF))
+    device(root, top, config_space(SWITCH_UP))
+    gpus = []
+    for number in range(switches):
+        base = 0x10 * (number + 1)
+        down, up = f"{top}/0000:02:{number:02x}.0", f"0000:{base:02x}:00.0"
+        device(root, down, config_space(SWITCH_DOWN, ACS_OFF))
+        device(root, f"{down}/{up}", config_space(SWITCH_UP))
+        for slot in range(per_switch):
+            inner = f"{down}/{up}/0000:{base + 1:02x}:{slot:02x}.0"
+            device(root, inner, config_space(SWITCH_DOWN, ACS_OFF))
+            address = f"0000:{base + 2 + slot:02x}:00.0"
+            device(root, f"{inner}/{address}", config_space(ENDPOINT), klass="0x030200", resource=GPU_RESOURCE,
+                   driver="nvidia")
+            gpus.append(address)
+    return gpus

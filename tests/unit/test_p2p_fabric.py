@@ -10,6 +10,7 @@ with ACS redirecting through the root complex, rtx6kpro hardware/topology.md).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakes.fabric import ACS_OFF, REQ_REDIR_CMPLT, direct_pair, switch_pair  # noqa: E402
+from fakes.fabric import ACS_OFF, REQ_REDIR_CMPLT, direct_pair, flat_switches, root_switch, switch_pair  # noqa: E402
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric  # noqa: E402
 from gpunode.ground import exitcodes  # noqa: E402
 from gpunode.stages.p2p import __main__ as p2p_main  # noqa: E402
@@ -262,3 +263,59 @@ def test_the_play_reads_only_the_fabric_on_the_proxmox_host(tmp_path: Path) -> N
     assert result["facts"]["fabric"] == json.loads(json.dumps(pci_fabric.gather(str(root))))
     refused = run_module("nvidia_host_facts", {"gather_subset": "kernels"}, tmp_path)
     assert refused["failed"] and "gather_subset" in refused["msg"]
+
+
+def gpus_at(addresses: list[str]) -> Topology:
+    """A node of len(addresses) GPUs cloned from the recorded one, at those addresses, no pairs."""
+    topology = node()
+    first = topology.gpus[0]
+    topology.gpus = []
+    for index, address in enumerate(addresses):
+        gpu = copy.deepcopy(first)
+        gpu.index, gpu.pci_bus_id = index, "0000" + address.upper()
+        topology.gpus.append(gpu)
+    topology.pairs = []
+    return topology
+
+
+@pytest.mark.parametrize("build, expected", [
+    (lambda root: flat_switches(root, switches=3), 3),  # each switch: its two GPUs to the two other roots
+    (lambda root: flat_switches(root, switches=4), 4),
+    (lambda root: flat_switches(root, switches=2), 0),  # one other root only: the control case
+    (lambda root: flat_switches(root, switches=3, per_switch=1), 0),  # one GPU per switch: one writer
+    (lambda root: root_switch(root), 0),  # a root switch above: traffic never reaches a CPU root port
+    (switch_pair, 0), (direct_pair, 0),
+])
+def test_the_write_collapse_pattern_is_named_from_the_fabric_alone(tmp_path: Path, build: Any, expected: int) -> None:
+    """collapse-report.md lines 219-235: two or more GPUs of one switch writing concurrently to GPUs
+    behind two or more different root ports; not one writer, not one destination root, not under a
+    root switch. A warning: the pair-at-a-time matrix cannot show it."""
+    addresses = build(tmp_path)
+    facts = fabric_of(tmp_path, KEYS)
+    topology = gpus_at(addresses)
+    found = [f for f in pcie_fabric.causes(facts, topology, [], []) if f.code == "write_collapse"]
+    assert len(pcie_fabric.collapse_switches(facts["gpus"])) == expected
+    if expected:
+        [collapse] = found
+        assert collapse.severity == "warn" and "collapse-report.md" in (collapse.cause or "")
+        assert "cannot show it" in (collapse.cause or "") and "ring all-reduce" in (collapse.fix or "")
+    else:
+        assert found == []
+
+
+def test_the_h200_machine_s_own_run_read_its_fabric_whole() -> None:
+    """Recorded on the device tool's H200 (a VM, root, one GPU on the root bus at 0000:00:06.0, BAR1
+    256 GiB): pci_fabric.gather('/') read the config space whole, and the stand-alone check given it
+    with --fabric-file judged it with no fabric finding at all (nothing unread, nothing to blame)."""
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "p2p" / "h200-fabric"
+    facts = json.loads((folder / "fabric.json").read_text())
+    [gpu] = facts["gpus"]
+    assert gpu["config_bytes"] == 4096 and gpu["port_type"] == "endpoint" and gpu["parents"] == []
+    assert gpu["bar1_bytes"] == 256 * 2**30 > pci_fabric.LEGACY_BAR1
+    assert facts["driver_params"]["RegistryDwords"] == "" and pci_fabric.missing_p2p_keys(facts["registry_dwords"])
+    report = json.loads((folder / "p2p-fabric-file.json").read_text())
+    codes = [f["code"] for f in report["verdict"]["findings"]]
+    assert report["verdict"]["exit_code"] == exitcodes.NOT_APPLICABLE
+    assert not set(codes) & {*pcie_fabric.CAUSES, "fabric-unread"}
+    topology = gpus_at([gpu["address"]])
+    assert pcie_fabric.unread(facts, topology) is None

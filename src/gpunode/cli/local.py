@@ -47,8 +47,11 @@ def p2p(
         from gpunode.derive import derive
 
         values = {**chosen.p2p.model_dump(), "min_gpus": derive(chosen).tp_size}
+    from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric
+
+    # This machine's PCIe fabric for the verdict's causes (complete when run as root on the host itself).
     raise typer.Exit(run_p2p(as_json=as_json, expect=Expectations.from_mapping(values), size_mb=size_mb or 512,
-                             quick=quick, out=sys.stdout))
+                             quick=quick, out=sys.stdout, fabric=pci_fabric.gather("/")))
 
 
 _with_codes(p2p, STAGE_CODES, "p2p --local")

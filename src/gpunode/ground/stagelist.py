@@ -36,8 +36,10 @@ STAGES: tuple[Stage, ...] = (
         "image present with the content tag",
         "pins, patches and sm_120 kernels verified inside the image",
     )),
-    Stage("p2p", "GPU topology and peer-to-peer bandwidth", (
+    Stage("p2p", "GPU topology and peer-to-peer bandwidth, with the Proxmox host's PCIe fabric read (read-only) "
+                 "for the verdict's causes", (
         "P2P OK for every pair, bandwidth at or above the host file's expectations",
+        "a failure carries the fabric causes the verdict named (acs, bar1, p2p_mode, write_collapse) with their fixes",
     )),
     Stage("serve", "start the SGLang server container", (
         "server container running with the profile's command line",

@@ -10,6 +10,14 @@
   the P2P registry keys. A warning from the facts alone: the driver then stages kernel-level P2P
   (custom all-reduce) through system memory, which cudaMemcpy peer copies and NCCL, and so this
   check's own numbers, do not show.
+- ``write_collapse``: a flat fabric (no root switch) where one PCIe switch holds two or more GPUs
+  and GPUs outside it sit behind two or more other root ports: concurrent posted writes from that
+  switch to those roots collapsed by 75-93 % on some switch and CPU combinations (rtx6kpro
+  hardware/collapse-report.md, lines 3, 219-224, 253-258, 281-284). A warning from the facts
+  alone: a one-pair-at-a-time matrix, uni or bidirectional, does not show it (the collapsing
+  Broadcom rig's pair matrices are healthy, hardware/asus-esc8000a-e13p-broadcom-switches.md
+  lines 205-217, 274-286), and it did not reproduce on one rig after a BIOS, kernel and driver
+  update (hardware/wrx90-cpayne-16gpu-4switch.md, lines 329-336).
 - ``fabric-unread``: the facts are incomplete (read without root, or no sysfs here), so nothing
   above is said. An info, never a cause guessed from half the chain.
 
@@ -25,13 +33,17 @@ from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric im
 from gpunode.stages.p2p.topology import Topology
 from gpunode.stages.p2p.findings import Finding, PairVerdict, pair_name
 
-CAUSES = ("acs", "bar1", "p2p_mode")  # the host stage's names for them (stages/host/fabric.py)
+CAUSES = ("acs", "bar1", "p2p_mode", "write_collapse")  # the first three: the host stage's names too
 SHORT_CONFIG = 64  # a config space this short is only the header: no capability was read
 TROUBLED = ("below-expectation", "p2p-unavailable", "not-measured", "copy-hung")
 ACS_FIX = ("set prepare.clear_acs in the host file so the host stage clears ReqRedir and CmpltRedir on these ports at "
            "each boot (an owned setpci unit), or turn ACS off in the firmware; then run gpunode p2p again")
 BAR1_FIX = ("turn on Above 4G Decoding and Resizable BAR in the firmware (a reboot through its setup); gpunode cannot "
             "change it from the host")
+COLLAPSE_FIX = ("test it with concurrent writes from two GPUs of that switch to GPUs behind two other root ports "
+                "(rtx6kpro scripts/collapse_repro.py); where it collapses, a fabric with a root switch above the "
+                "switches avoids it and NCCL's ring all-reduce does not trigger it (tree, all-to-all and broadcast do); "
+                "iommu=on masks it at a cost (collapse-report.md lines 324-332)")
 P2P_MODE_FIX = (f"set prepare.p2p_registry in the host file (the host stage writes NVreg_RegistryDwords="
                 f"\"{P2P_REGISTRY_DWORDS}\" to a modprobe.d file it owns), then reload the nvidia module or reboot")
 
@@ -69,6 +81,32 @@ def _redirect_below(entry: dict[str, Any], switch: str) -> list[str]:
     start = next(i for i, p in enumerate(chain) if p.get("address") == switch)
     return [f"{p['address']} ({'+ '.join(b for b in REDIRECT_BITS if (p.get('acs') or {}).get(b))}+)"
             for p in chain[start + 1:] if any((p.get("acs") or {}).get(b) for b in REDIRECT_BITS)]
+
+
+def _root_port(entry: dict[str, Any]) -> str:
+    """The top of a GPU's chain: the root port (or the GPU itself on the root bus)."""
+    chain = parents(entry)
+    return str(chain[0]["address"] if chain else entry["address"])
+
+
+def collapse_switches(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each switch with two or more GPUs beneath it whose outside GPUs (those sharing no switch with
+    any of its GPUs, so their traffic crosses a CPU root port) sit behind two or more root ports
+    other than its own: switch -> those root ports."""
+    beneath: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        for switch in _switches(entry):
+            beneath.setdefault(switch, []).append(entry)
+    out: dict[str, list[str]] = {}
+    for switch, inside in sorted(beneath.items()):
+        if len(inside) < 2:
+            continue
+        shared = {s for entry in inside for s in _switches(entry)}
+        own = {_root_port(entry) for entry in inside}
+        roots = sorted({_root_port(e) for e in entries if e not in inside and not set(_switches(e)) & shared} - own)
+        if len(roots) >= 2:
+            out[switch] = roots
+    return out
 
 
 def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVerdict],
@@ -127,6 +165,15 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
                            "custom all-reduce runs about 15x slower (rtx6kpro optimization/pcie-oneshot-allreduce.md); "
                            "cudaMemcpy peer copies and NCCL, and so the numbers above, do not show it", P2P_MODE_FIX,
                            category="node"))
+    collapse = collapse_switches(list(entry.values()))
+    if collapse:
+        named = "; ".join(f"switch {switch} to root ports {', '.join(roots)}" for switch, roots in collapse.items())
+        out.append(Finding("warn", "write_collapse", "node",
+                           f"the fabric has the posted-write collapse pattern: two or more GPUs under one PCIe "
+                           f"switch writing concurrently to GPUs behind two or more other root ports ({named})",
+                           "on some switch and CPU combinations such writes collapse by 75-93 % (Broadcom PEX890xx + "
+                           "EPYC 9575F, Microchip PM50100 + TR Pro 7955WX; rtx6kpro hardware/collapse-report.md); "
+                           "the pair-at-a-time numbers above cannot show it", COLLAPSE_FIX, category="node"))
     explained = {"acs": acs, "bar1": bar1, "p2p_mode": dict.fromkeys(direct if any(f.code == "p2p_mode" for f in out)
                                                                        else [], [])}
     by_name = {pair_name(p.src, p.dst): p for p in pairs}
