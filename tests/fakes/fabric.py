@@ -68,6 +68,12 @@ def gpu_resource(bar1_bytes: int) -> str:
 GPU_RESOURCE = gpu_resource(128 * 2**30)  # an RTX PRO 6000's 96 GB behind a 128 GiB BAR1
 
 
+def gpu(root: Path, parent: str, address: str, resource: str = GPU_RESOURCE) -> str:
+    """A GPU (3D controller, bound to nvidia) at ``address`` below the bridge folder ``parent``."""
+    device(root, f"{parent}/{address}", config_space(ENDPOINT), klass="0x030200", resource=resource, driver="nvidia")
+    return address
+
+
 def switch_pair(root: Path, acs: int = REQ_REDIR_CMPLT, bar1_bytes: int = 128 * 2**30) -> list[str]:
     """Two GPUs under one PCIe switch (PIX): a root port, the switch's upstream port, a downstream
     port per GPU with ACS control ``acs``. Returns the GPUs' addresses."""
@@ -77,10 +83,7 @@ def switch_pair(root: Path, acs: int = REQ_REDIR_CMPLT, bar1_bytes: int = 128 * 
     gpus = []
     for down, bus in (("0000:02:08.0", "03"), ("0000:02:10.0", "04")):
         device(root, f"{top}/0000:01:00.0/{down}", config_space(SWITCH_DOWN, acs))
-        address = f"0000:{bus}:00.0"
-        device(root, f"{top}/0000:01:00.0/{down}/{address}", config_space(ENDPOINT), klass="0x030200",
-               resource=gpu_resource(bar1_bytes), driver="nvidia")
-        gpus.append(address)
+        gpus.append(gpu(root, f"{top}/0000:01:00.0/{down}", f"0000:{bus}:00.0", gpu_resource(bar1_bytes)))
     return gpus
 
 
@@ -90,10 +93,7 @@ def direct_pair(root: Path, acs: int = ACS_OFF) -> list[str]:
     for port, bus in (("0000:00:01.0", "01"), ("0000:00:03.0", "41")):
         top = f"/sys/devices/pci0000:00/{port}"
         device(root, top, config_space(ROOT_PORT, acs))
-        address = f"0000:{bus}:00.0"
-        device(root, f"{top}/{address}", config_space(ENDPOINT), klass="0x030200", resource=GPU_RESOURCE,
-               driver="nvidia")
-        gpus.append(address)
+        gpus.append(gpu(root, top, f"0000:{bus}:00.0"))
     return gpus
 
 
@@ -111,10 +111,7 @@ def flat_switches(root: Path, switches: int = 3, per_switch: int = 2, acs: int =
             bus = 0x10 * (number + 1) + 1
             down = f"0000:{bus:02x}:{slot:02x}.0"
             device(root, f"{top}/{up}/{down}", config_space(SWITCH_DOWN, acs))
-            address = f"0000:{bus + 1 + slot:02x}:00.0"
-            device(root, f"{top}/{up}/{down}/{address}", config_space(ENDPOINT), klass="0x030200",
-                   resource=GPU_RESOURCE, driver="nvidia")
-            gpus.append(address)
+            gpus.append(gpu(root, f"{top}/{up}/{down}", f"0000:{bus + 1 + slot:02x}:00.0"))
     return gpus
 
 
@@ -133,8 +130,5 @@ def root_switch(root: Path, switches: int = 3, per_switch: int = 2) -> list[str]
         for slot in range(per_switch):
             inner = f"{down}/{up}/0000:{base + 1:02x}:{slot:02x}.0"
             device(root, inner, config_space(SWITCH_DOWN, ACS_OFF))
-            address = f"0000:{base + 2 + slot:02x}:00.0"
-            device(root, f"{inner}/{address}", config_space(ENDPOINT), klass="0x030200", resource=GPU_RESOURCE,
-                   driver="nvidia")
-            gpus.append(address)
+            gpus.append(gpu(root, inner, f"0000:{base + 2 + slot:02x}:00.0"))
     return gpus
