@@ -120,7 +120,7 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
         return [Finding("info", "fabric-unread", "node", f"PCIe fabric not judged: {why}", category="info")]
     entries = {str(g["address"]): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
     entry = {gpu.index: entries[fabric_address(gpu.pci_bus_id)] for gpu in topology.gpus}
-    troubled = {(f.subject): f for f in findings if f.code in TROUBLED}
+    troubled = {f.subject for f in findings if f.code in TROUBLED}
     acs: dict[str, list[str]] = {}
     bar1: dict[str, list[str]] = {}
     direct: list[str] = []
@@ -174,8 +174,8 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
                            "on some switch and CPU combinations such writes collapse by 75-93 % (Broadcom PEX890xx + "
                            "EPYC 9575F, Microchip PM50100 + TR Pro 7955WX; rtx6kpro hardware/collapse-report.md); "
                            "the pair-at-a-time numbers above cannot show it", COLLAPSE_FIX, category="node"))
-    explained = {"acs": acs, "bar1": bar1, "p2p_mode": dict.fromkeys(direct if any(f.code == "p2p_mode" for f in out)
-                                                                       else [], [])}
+    explained: dict[str, list[str]] = {"acs": list(acs), "bar1": list(bar1),
+                                       "p2p_mode": direct if any(f.code == "p2p_mode" for f in out) else []}
     by_name = {pair_name(p.src, p.dst): p for p in pairs}
     for code, named in explained.items():
         for name in named:
