@@ -146,6 +146,13 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
     assert forced.returncode == 1
     message = _summary(forced)["failures"][0]["message"]
     assert message.startswith("p2p: the image gpunode/sglang:") and "--tags image" in message
+    # Before it, the play read the PCIe fabric on the node's Proxmox host, and only the fabric (#35).
+    events = [json.loads(path.read_text()) for path in (Path(_summary(forced)["artifacts"]) / "job_events").glob("*.json")]
+    read = [e["event_data"] for e in events if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task") == "Read the PCIe fabric under the GPUs on the node's Proxmox host"]
+    assert len(read) == 1, [e["event_data"].get("task") for e in events if e.get("event") == "runner_on_ok"]
+    assert read[0]["res"]["_ansible_delegated_vars"]["ansible_delegated_host"] == "pve-lab"
+    assert list(read[0]["res"]["facts"]) == ["fabric"] and read[0]["res"]["facts"]["fabric"]["gpus"]
 
 
 def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: Path) -> None:

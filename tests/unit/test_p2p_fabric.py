@@ -319,3 +319,85 @@ def test_the_h200_machine_s_own_run_read_its_fabric_whole() -> None:
     assert not set(codes) & {*pcie_fabric.CAUSES, "fabric-unread"}
     topology = gpus_at([gpu["address"]])
     assert pcie_fabric.unread(facts, topology) is None
+
+
+# -- what the red team found (each was a crash or a wrong cause) ---------------------------------
+
+@pytest.mark.parametrize("content", [b"[" * 100000 + b"]" * 100000, b'{"gpus": [], "registry_dwords": "ForceP2P=0x11"}',
+                                     b'{"gpus": [], "driver_params": [1]}'])
+def test_deep_or_mistyped_fabric_files_are_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     content: bytes) -> None:
+    path = tmp_path / "fabric.json"
+    path.write_bytes(content)
+    assert p2p_main.main(["--fabric-file", str(path)]) == exitcodes.BAD_INPUT
+    assert capsys.readouterr().err.startswith(f"error: --fabric-file {path}: not ")
+
+
+@pytest.mark.parametrize("fabric", [[], "x", 5, {"gpus": "many"}, {"gpus": [], "registry_dwords": "ForceP2P=0x11"}])
+def test_judge_given_no_fabric_mapping_says_unread(tmp_path: Path, fabric: Any) -> None:
+    gpus = switch_pair(tmp_path)
+    result = judged(on(node(level=PIX), gpus), HALVED, fabric)
+    assert finding(result, "fabric-unread").severity == "info"
+
+
+@pytest.mark.parametrize("parents", ["0000:01:00.0", 5, {"address": "0000:01:00.0"}])
+def test_a_chain_that_is_not_a_list_of_bridges_is_unread(tmp_path: Path, parents: Any) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path, KEYS)
+    facts["gpus"][0]["parents"] = parents if not isinstance(parents, str) else [parents, *facts["gpus"][0]["parents"]]
+    result = judged(on(node(level=PIX), gpus), HALVED, facts)
+    assert "not pci_fabric's" in finding(result, "fabric-unread").message
+
+
+@pytest.mark.parametrize("size", [True, -1, 0, "256"])
+def test_a_bar1_that_is_no_size_is_never_the_legacy_window(tmp_path: Path, size: Any) -> None:
+    gpus = switch_pair(tmp_path, acs=ACS_OFF)
+    facts = fabric_of(tmp_path, KEYS)
+    facts["gpus"][0]["bar1_bytes"] = size
+    assert "bar1" not in [f.code for f in judged(on(node(level=PIX), gpus), HALVED, facts).findings]
+
+
+def test_nvlink_pairs_are_neither_p2p_mode_nor_write_collapse(tmp_path: Path) -> None:
+    """An HGX-like box: GPUs on separate root ports (or flat switches) joined by NVLink."""
+    gpus = direct_pair(tmp_path)
+    result = judged(on(node(nvlinks=12), gpus), 150.0, fabric_of(tmp_path, {}))
+    assert [p.link_class for p in result.pairs] == ["nvlink", "nvlink"]
+    assert not [f for f in result.findings if f.code in ("p2p_mode", "write_collapse")]
+    flat = tmp_path / "flat"
+    addresses = flat_switches(flat, switches=4)
+    topology = gpus_at(addresses)
+    pairs = [verdict.PairVerdict(src=a, dst=b, link_class="nvlink", legend="NV18", expected_gbps=100.0,
+                                 measured_gbps=150.0, bidir_gbps=None, latency_us=None, path="p2p", status="pass")
+             for a in range(len(addresses)) for b in range(len(addresses)) if a != b]
+    assert not [f for f in pcie_fabric.causes(fabric_of(flat, KEYS), topology, pairs, []) if f.code == "write_collapse"]
+
+
+def test_acs_below_the_turning_switch_is_not_blamed(tmp_path: Path) -> None:
+    """A root switch above two leaf switches, ReqRedir only on the leaf switches' downstream ports:
+    a pair across the leaves turns in the root switch, whose ports are clear; not acs."""
+    addresses = root_switch(tmp_path, switches=2, per_switch=1)
+    facts = fabric_of(tmp_path, KEYS)
+    for gpu in facts["gpus"]:
+        gpu["parents"][-1]["acs"] = {"SrcValid": True, "ReqRedir": True, "CmpltRedir": True}
+    result = judged(on(node(level=PIX), addresses), HALVED, facts)
+    assert "acs" not in [f.code for f in result.findings]
+    for gpu in facts["gpus"]:  # the root switch's own downstream ports redirecting: that is acs
+        gpu["parents"][2]["acs"] = {"SrcValid": True, "ReqRedir": True, "CmpltRedir": True}
+    assert "0000:02:00.0 (ReqRedir+ CmpltRedir+)" in finding(judged(on(node(level=PIX), addresses), HALVED, facts),
+                                                              "acs").message
+
+
+def test_the_keys_as_module_parameters_or_in_decimal_count_as_in_effect(tmp_path: Path) -> None:
+    gpus = direct_pair(tmp_path)
+    params = {"RegistryDwords": "ForceP2P=17;RMForceP2PType=1;RMPcieP2PType=2", "GrdmaPciTopoCheckOverride": "1",
+              "EnableResizableBar": "1"}
+    result = judged(on(node(), gpus), SAME_NUMA_UNI, fabric_of(tmp_path, params))
+    assert "p2p_mode" not in [f.code for f in result.findings]
+
+
+def test_another_gpu_of_the_host_does_not_hide_the_causes(tmp_path: Path) -> None:
+    """A GPU of the host that this container does not measure (off the bus, config unread) is not judged."""
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path, KEYS)
+    facts["gpus"].append({"address": "0000:81:00.0", "parents": [], "port_type": None, "config_bytes": 0})
+    assert finding(judged(on(node(level=PIX), gpus), HALVED, facts), "acs").severity == "fail"

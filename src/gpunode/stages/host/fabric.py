@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
-    BDF, LEGACY_BAR1, P2P_REGISTRY_DWORDS, direct_pairs, missing_p2p_keys, parents, redirecting_bridges, registry_dwords,
+    BDF, LEGACY_BAR1, P2P_REGISTRY_DWORDS, direct_pairs, live_p2p_keys, missing_p2p_keys, parents, redirecting_bridges, registry_dwords,
     shared_switch_ports)
 from gpunode.stages.host.findings import FAIL, OK, WARN, Finding
 from gpunode.stages.host.vfio import release_cmdline
@@ -127,7 +127,7 @@ def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expec
     pairs = direct_pairs(gpus)
     if not pairs:
         return Finding("p2p_mode", OK, "every pair of GPUs shares a PCIe switch: kernel-level P2P is direct")
-    live = {str(k): str(v) for k, v in (fabric.get("registry_dwords") or {}).items()}
+    live = live_p2p_keys(fabric)
     if not fabric.get("driver_params"):
         return Finding("p2p_mode", WARN, f"{len(pairs)} pair(s) of GPUs share no PCIe switch (e.g. {pairs[0][0]} and "
                        f"{pairs[0][1]}); the nvidia module is not loaded, so its P2P keys cannot be read",

@@ -92,11 +92,16 @@ def fabric_facts(path: Path | None) -> dict[str, Any]:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"--fabric-file {path}: not JSON ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("fabric"), dict):
+    except RecursionError:
+        raise ValueError(f"--fabric-file {path}: not JSON (nested too deeply)") from None
+    if isinstance(data, dict) and isinstance(data.get("facts"), dict):  # a registered nvidia_host_facts result
+        data = data["facts"]
+    if isinstance(data, dict) and isinstance(data.get("fabric"), dict):  # the facts module's output
         data = data["fabric"]
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not all(
             isinstance(gpu, dict) and isinstance(gpu.get("address"), str) and isinstance(gpu.get("parents", []), list)
-            for gpu in data["gpus"]):
+            for gpu in data["gpus"]) or not all(isinstance(data.get(key, {}), dict)
+                                                for key in ("driver_params", "registry_dwords")):
         raise ValueError(f"--fabric-file {path}: not fabric facts (a mapping with a 'gpus' list of addressed GPUs)")
     return data
 

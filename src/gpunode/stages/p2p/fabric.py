@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
-    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, SWITCH_UP, missing_p2p_keys, parents)
+    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, SWITCH_UP, live_p2p_keys, missing_p2p_keys, parents)
 from gpunode.stages.p2p.topology import Topology
 from gpunode.stages.p2p.findings import Finding, PairVerdict, pair_name
 
 CAUSES = ("acs", "bar1", "p2p_mode", "write_collapse")  # the first three: the host stage's names too
 SHORT_CONFIG = 64  # a config space this short is only the header: no capability was read
-TROUBLED = ("below-expectation", "p2p-unavailable", "not-measured", "copy-hung")
+TROUBLED = ("below-expectation", "p2p-unavailable", "not-measured")
 ACS_FIX = ("set prepare.clear_acs in the host file so the host stage clears ReqRedir and CmpltRedir on these ports at "
            "each boot (an owned setpci unit), or turn ACS off in the firmware; then run gpunode p2p again")
 BAR1_FIX = ("turn on Above 4G Decoding and Resizable BAR in the firmware (a reboot through its setup); gpunode cannot "
@@ -48,20 +48,32 @@ P2P_MODE_FIX = (f"set prepare.p2p_registry in the host file (the host stage writ
                 f"\"{P2P_REGISTRY_DWORDS}\" to a modprobe.d file it owns), then reload the nvidia module or reboot")
 
 
+def _size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def fabric_address(pci_bus_id: str) -> str:
     """NVML's bus id (``00000000:01:00.0``, an 8-digit domain) as sysfs names it (``0000:01:00.0``)."""
     return pci_bus_id.strip().lower()[-12:]
 
 
-def unread(fabric: dict[str, Any], topology: Topology) -> str | None:
-    """Why the facts cannot carry a cause, or None when every GPU and every bridge above it was read."""
-    entries = {str(g.get("address")): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
+def unread(fabric: Any, topology: Topology) -> str | None:
+    """Why the facts cannot carry a cause, or None when every GPU measured here and every bridge
+    above it was read whole (other GPUs of the host do not matter: their chains are not judged)."""
+    if not isinstance(fabric, dict) or not isinstance(fabric.get("gpus"), list) or not all(
+            isinstance(fabric.get(key, {}), dict) for key in ("driver_params", "registry_dwords")):
+        return "the facts are not pci_fabric's (a mapping with a gpus list)"
+    entries = {str(g.get("address")): g for g in fabric["gpus"] if isinstance(g, dict)}
     missing = [gpu.index for gpu in topology.gpus if fabric_address(gpu.pci_bus_id) not in entries]
     if not entries or missing:
         return ("the fabric facts list no GPU" if not entries else
                 "the fabric facts lack " + ", ".join(f"GPU{i}" for i in missing))
-    for entry in entries.values():
-        for function in [entry, *parents(entry)]:
+    for gpu in topology.gpus:
+        entry = entries[fabric_address(gpu.pci_bus_id)]
+        chain = entry.get("parents", [])
+        if not isinstance(chain, list) or not all(isinstance(p, dict) for p in chain):
+            return f"the facts of {entry['address']} are not pci_fabric's (its parents are not a list of bridges)"
+        for function in [entry, *chain]:
             size, acs = function.get("config_bytes"), function.get("acs")
             if not isinstance(function.get("address"), str) or not isinstance(size, int) or isinstance(size, bool) \
                     or not (acs is None or isinstance(acs, dict)):
@@ -76,11 +88,13 @@ def _switches(entry: dict[str, Any]) -> list[str]:
 
 
 def _redirect_below(entry: dict[str, Any], switch: str) -> list[str]:
-    """The bridges under ``switch`` in this GPU's chain whose ACS redirects peer traffic."""
+    """The port right below ``switch`` in this GPU's chain, where its peer traffic enters and leaves
+    the switch, if its ACS redirects that traffic (ports further down route upward anyway)."""
     chain = parents(entry)
     start = next(i for i, p in enumerate(chain) if p.get("address") == switch)
-    return [f"{p['address']} ({'+ '.join(b for b in REDIRECT_BITS if (p.get('acs') or {}).get(b))}+)"
-            for p in chain[start + 1:] if any((p.get("acs") or {}).get(b) for b in REDIRECT_BITS)]
+    port = chain[start + 1] if start + 1 < len(chain) else {}
+    bits = [b for b in REDIRECT_BITS if (port.get("acs") or {}).get(b)]
+    return [f"{port['address']} ({'+ '.join(bits)}+)"] if bits else []
 
 
 def _root_port(entry: dict[str, Any]) -> str:
@@ -109,13 +123,13 @@ def collapse_switches(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVerdict],
+def causes(fabric: Any, topology: Topology, pairs: list[PairVerdict],
            findings: list[Finding]) -> list[Finding]:
     """Node-level findings, one per fabric cause, naming the pairs it explains; each such pair gains
     the cause's code among its reasons, and its below-expectation finding leads with it."""
     if fabric is None:
         return []
-    why = unread(fabric, topology)
+    why = unread(fabric, topology)  # also: not a mapping at all
     if why:
         return [Finding("info", "fabric-unread", "node", f"PCIe fabric not judged: {why}", category="info")]
     entries = {str(g["address"]): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
@@ -128,7 +142,7 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
         name = pair_name(pair.src, pair.dst)
         one, other = entry[pair.src], entry[pair.dst]
         shared = [s for s in _switches(one) if s in _switches(other)]
-        if not shared:
+        if not shared and pair.link_class != "nvlink":  # NVLink peers do not cross PCIe
             direct.append(name)
         if name not in troubled:
             continue
@@ -137,8 +151,8 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
             ports = sorted(set(_redirect_below(one, switch) + _redirect_below(other, switch)))
             if ports:
                 acs[name] = ports
-        small = [f"GPU{i} {int(entry[i]['bar1_bytes']) // 2**20} MiB" for i in (pair.src, pair.dst)
-                 if isinstance(entry[i].get("bar1_bytes"), int) and entry[i]["bar1_bytes"] <= LEGACY_BAR1]
+        small = [f"GPU{i} {entry[i]['bar1_bytes'] // 2**20} MiB" for i in (pair.src, pair.dst)
+                 if _size(entry[i].get("bar1_bytes")) and entry[i]["bar1_bytes"] <= LEGACY_BAR1]
         if small:
             bar1[name] = small
     out = []
@@ -156,7 +170,7 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
                            f"): explains {', '.join(bar1)}",
                            "without Resizable BAR the peer can map only 256 MiB of the card's memory: large peer "
                            "mappings fail", BAR1_FIX, category="p2p"))
-    missing = missing_p2p_keys({str(k): str(v) for k, v in (fabric.get("registry_dwords") or {}).items()})
+    missing = missing_p2p_keys(live_p2p_keys(fabric))
     if direct and fabric.get("driver_params") and missing:
         out.append(Finding("warn", "p2p_mode", "node",
                            f"{len(direct)} measured pair(s) share no PCIe switch ({', '.join(direct[:4])}"
@@ -165,7 +179,8 @@ def causes(fabric: dict[str, Any] | None, topology: Topology, pairs: list[PairVe
                            "custom all-reduce runs about 15x slower (rtx6kpro optimization/pcie-oneshot-allreduce.md); "
                            "cudaMemcpy peer copies and NCCL, and so the numbers above, do not show it", P2P_MODE_FIX,
                            category="node"))
-    collapse = collapse_switches(list(entry.values()))
+    nvlinked = {i for p in pairs if p.link_class == "nvlink" for i in (p.src, p.dst)}  # their peers use NVLink
+    collapse = collapse_switches([e for i, e in entry.items() if i not in nvlinked])
     if collapse:
         named = "; ".join(f"switch {switch} to root ports {', '.join(roots)}" for switch, roots in collapse.items())
         out.append(Finding("warn", "write_collapse", "node",

@@ -213,9 +213,30 @@ def registry_dwords(value: str) -> dict[str, str]:
     return out
 
 
+def _number(value: object) -> int | None:
+    try:
+        return int(str(value).strip(), 0)  # 0x11 and 17 are one value to the driver
+    except ValueError:
+        return None
+
+
 def missing_p2p_keys(keys: dict[str, str]) -> list[str]:
-    """The P2P keys (KEY=VALUE) that ``keys`` lacks or sets otherwise."""
-    return [f"{key}={value}" for key, value in P2P_REGISTRY.items() if keys.get(key) != value]
+    """The P2P keys (KEY=VALUE) that ``keys`` lacks or sets to another number."""
+    return [f"{key}={value}" for key, value in P2P_REGISTRY.items()
+            if key not in keys or _number(keys[key]) is None or _number(keys[key]) != _number(value)]
+
+
+def live_p2p_keys(fabric: dict[str, object]) -> dict[str, str]:
+    """The P2P keys in effect in the loaded module: its RegistryDwords, and the two that are module
+    parameters of their own too (GrdmaPciTopoCheckOverride, EnableResizableBar) where those are set."""
+    dwords = fabric.get("registry_dwords")
+    params = fabric.get("driver_params")
+    keys = {str(k): str(v) for k, v in dwords.items()} if isinstance(dwords, dict) else {}
+    if isinstance(params, dict):
+        for key in ("GrdmaPciTopoCheckOverride", "EnableResizableBar"):
+            if key not in keys and _number(params.get(key)) not in (None, 0):
+                keys[key] = str(params[key])
+    return keys
 
 
 def link_power(cmdline: str) -> dict[str, str | None]:
