@@ -151,7 +151,7 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
     read = [e["event_data"] for e in events if e.get("event") == "runner_on_ok"
             and e["event_data"].get("task") == "Read the PCIe fabric under the GPUs on the node's Proxmox host"]
     assert len(read) == 1, [e["event_data"].get("task") for e in events if e.get("event") == "runner_on_ok"]
-    assert read[0]["res"]["_ansible_delegated_vars"]["ansible_delegated_host"] == "pve-lab"
+    assert read[0]["res"]["_ansible_delegated_vars"]["ansible_host"] == lab.HOST_CONTAINER_IP  # the Proxmox host
     assert list(read[0]["res"]["facts"]) == ["fabric"] and read[0]["res"]["facts"]["fabric"]["gpus"]
 
 
