@@ -20,8 +20,9 @@ def test_p2p_verdict(gpu_node: Any, gpunode_host: dict[str, Any]) -> None:
     gpus = gpunode_host["container"]["gpus"]
     assert record["gpus"] == gpus, f"measured with GPUs {record['gpus']}, the host file selects {gpus} -> {FIX}"
     failed = "; ".join(record["failed"]) or record["summary"]
-    # The fabric causes the verdict named (acs, bar1, p2p_mode), each with its own fix, in the failure;
-    # a warning one (p2p_mode, which the measurements cannot show) passes, as warnings do in layer host.
+    # The fabric causes the verdict named (acs, bar1, p2p_mode, write_collapse), each with its own fix, in
+    # the failure; a warning one (p2p_mode, write_collapse: the measurements cannot show them) passes, as
+    # warnings do in layer host.
     causes = "; ".join(record.get("causes") or [])
     assert record["ok"], (f"P2P {record['status']} (exit {record['exit_code']}): {failed}"
                           f"{'; causes: ' + causes if causes else ''} -> {FIX}")

@@ -76,11 +76,12 @@ def fabric_facts(path: Path | None) -> dict[str, Any]:
     """The fabric facts from ``--fabric-file`` (raises ValueError naming what is wrong), or this
     machine's own, read from its sysfs and /proc (inside a container, usually incomplete: the verdict
     then says so rather than guess)."""
-    if path is None:
-        from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric
-
-        return pci_fabric.gather("/")
     import json
+
+    from gpunode.ansible_collections.gpunode.core.plugins.module_utils import pci_fabric
+
+    if path is None:
+        return pci_fabric.gather("/")
 
     if not path.is_file():
         raise ValueError(f"--fabric-file {path}: not a regular file")
@@ -98,11 +99,9 @@ def fabric_facts(path: Path | None) -> dict[str, Any]:
         data = data["facts"]
     if isinstance(data, dict) and isinstance(data.get("fabric"), dict):  # the facts module's output
         data = data["fabric"]
-    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not all(
-            isinstance(gpu, dict) and isinstance(gpu.get("address"), str) and isinstance(gpu.get("parents", []), list)
-            for gpu in data["gpus"]) or not all(isinstance(data.get(key, {}), dict)
-                                                for key in ("driver_params", "registry_dwords")):
-        raise ValueError(f"--fabric-file {path}: not fabric facts (a mapping with a 'gpus' list of addressed GPUs)")
+    shape = pci_fabric.shape_problem(data)
+    if shape:
+        raise ValueError(f"--fabric-file {path}: not fabric facts ({shape})")
     return data
 
 

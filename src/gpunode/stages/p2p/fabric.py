@@ -1,9 +1,10 @@
 """The PCIe fabric's causes in the p2p verdict (issue #35, item 3): measurements and fabric facts
 (module_utils/pci_fabric.py, the host's view) together name why a pair is slow or broken.
 
-- ``acs``: a pair of GPUs under one PCIe switch is below expectation or has no P2P, and a bridge in
-  the chains below that switch redirects requests or completions (ACSCtl ReqRedir+/CmpltRedir+):
-  the switch sends their traffic up to the root complex instead of across.
+- ``acs``: a pair of GPUs under one PCIe switch is below expectation or has no P2P, and the port
+  right below that switch in either GPU's chain (where their traffic enters and leaves it)
+  redirects requests or completions (ACSCtl ReqRedir+/CmpltRedir+): the switch sends their
+  traffic up to the root complex instead of across.
 - ``bar1``: a failing pair with a GPU whose BAR1 is the legacy 256 MiB window (Resizable BAR off):
   large peer mappings fail.
 - ``p2p_mode``: direct-attached pairs (no switch above both) while the loaded nvidia module lacks
@@ -29,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
-    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, SWITCH_UP, live_p2p_keys, missing_p2p_keys, parents)
+    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, live_p2p_keys, missing_p2p_keys, parents, shape_problem, switches)
 from gpunode.stages.p2p.topology import Topology
 from gpunode.stages.p2p.findings import Finding, PairVerdict, pair_name
 
@@ -60,18 +61,18 @@ def fabric_address(pci_bus_id: str) -> str:
 def unread(fabric: Any, topology: Topology) -> str | None:
     """Why the facts cannot carry a cause, or None when every GPU measured here and every bridge
     above it was read whole (other GPUs of the host do not matter: their chains are not judged)."""
-    if not isinstance(fabric, dict) or not isinstance(fabric.get("gpus"), list) or not all(
-            isinstance(fabric.get(key, {}), dict) for key in ("driver_params", "registry_dwords")):
-        return "the facts are not pci_fabric's (a mapping with a gpus list)"
-    entries = {str(g.get("address")): g for g in fabric["gpus"] if isinstance(g, dict)}
+    shape = shape_problem(fabric)
+    if shape:
+        return f"the facts are not pci_fabric's ({shape})"
+    entries = {g["address"]: g for g in fabric["gpus"]}  # shape_problem: mappings with string addresses
     missing = [gpu.index for gpu in topology.gpus if fabric_address(gpu.pci_bus_id) not in entries]
     if not entries or missing:
         return ("the fabric facts list no GPU" if not entries else
                 "the fabric facts lack " + ", ".join(f"GPU{i}" for i in missing))
     for gpu in topology.gpus:
         entry = entries[fabric_address(gpu.pci_bus_id)]
-        chain = entry.get("parents", [])
-        if not isinstance(chain, list) or not all(isinstance(p, dict) for p in chain):
+        chain = entry.get("parents", [])  # a list (shape_problem); of bridges, checked here
+        if not all(isinstance(p, dict) for p in chain):
             return f"the facts of {entry['address']} are not pci_fabric's (its parents are not a list of bridges)"
         for function in [entry, *chain]:
             size, acs = function.get("config_bytes"), function.get("acs")
@@ -81,10 +82,6 @@ def unread(fabric: Any, topology: Topology) -> str | None:
             if function.get("port_type") is None or size <= SHORT_CONFIG:
                 return f"the config space of {function['address']} was not read (run as root on the host)"
     return None
-
-
-def _switches(entry: dict[str, Any]) -> list[str]:
-    return [str(p["address"]) for p in parents(entry) if p.get("port_type") == SWITCH_UP]
 
 
 def _redirect_below(entry: dict[str, Any], switch: str) -> list[str]:
@@ -109,15 +106,15 @@ def collapse_switches(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
     other than its own: switch -> those root ports."""
     beneath: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:
-        for switch in _switches(entry):
+        for switch in switches(entry):
             beneath.setdefault(switch, []).append(entry)
     out: dict[str, list[str]] = {}
     for switch, inside in sorted(beneath.items()):
         if len(inside) < 2:
             continue
-        shared = {s for entry in inside for s in _switches(entry)}
+        shared = {s for entry in inside for s in switches(entry)}
         own = {_root_port(entry) for entry in inside}
-        roots = sorted({_root_port(e) for e in entries if e not in inside and not set(_switches(e)) & shared} - own)
+        roots = sorted({_root_port(e) for e in entries if e not in inside and not set(switches(e)) & shared} - own)
         if len(roots) >= 2:
             out[switch] = roots
     return out
@@ -132,7 +129,7 @@ def causes(fabric: Any, topology: Topology, pairs: list[PairVerdict],
     why = unread(fabric, topology)  # also: not a mapping at all
     if why:
         return [Finding("info", "fabric-unread", "node", f"PCIe fabric not judged: {why}", category="info")]
-    entries = {str(g["address"]): g for g in fabric.get("gpus") or [] if isinstance(g, dict)}
+    entries = {g["address"]: g for g in fabric["gpus"]}
     entry = {gpu.index: entries[fabric_address(gpu.pci_bus_id)] for gpu in topology.gpus}
     troubled = {f.subject for f in findings if f.code in TROUBLED}
     acs: dict[str, list[str]] = {}
@@ -141,7 +138,7 @@ def causes(fabric: Any, topology: Topology, pairs: list[PairVerdict],
     for pair in pairs:
         name = pair_name(pair.src, pair.dst)
         one, other = entry[pair.src], entry[pair.dst]
-        shared = [s for s in _switches(one) if s in _switches(other)]
+        shared = [s for s in switches(one) if s in switches(other)]
         if not shared and pair.link_class != "nvlink":  # NVLink peers do not cross PCIe
             direct.append(name)
         if name not in troubled:

@@ -270,10 +270,29 @@ def _switches(chain: list[dict[str, Any]]) -> list[str]:
     return [p["address"] for p in chain if p.get("port_type") == SWITCH_UP]
 
 
+def switches(gpu: dict[str, Any]) -> list[str]:
+    """The PCIe switches above a GPU, top first."""
+    return _switches(parents(gpu))
+
+
+def shape_problem(fabric: Any) -> str | None:
+    """What makes ``fabric`` something gather() never returns (so nothing can be judged from it),
+    or None: a mapping, a ``gpus`` list of mappings each with a string address and a list of
+    parents, ``driver_params`` and ``registry_dwords`` mappings where present."""
+    if not isinstance(fabric, dict) or not isinstance(fabric.get("gpus"), list):
+        return "not a mapping with a 'gpus' list"
+    if not all(isinstance(fabric.get(key, {}), dict) for key in ("driver_params", "registry_dwords")):
+        return "driver_params or registry_dwords is not a mapping"
+    if not all(isinstance(gpu, dict) and isinstance(gpu.get("address"), str) and isinstance(gpu.get("parents", []), list)
+               for gpu in fabric["gpus"]):
+        return "a GPU without a string address or a parents list"
+    return None
+
+
 def direct_pairs(gpus: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Pairs of GPUs with no PCIe switch above both: their peer traffic crosses a root port or the CPU."""
     return [(str(one["address"]), str(other["address"])) for one, other in itertools.combinations(gpus, 2)
-            if not set(_switches(parents(one))) & set(_switches(parents(other)))]
+            if not set(switches(one)) & set(switches(other))]
 
 
 def redirecting_bridges(gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -297,7 +316,7 @@ def shared_switch_ports(gpus: list[dict[str, Any]]) -> dict[str, str]:
     so the list stays the same once the bits are cleared."""
     beneath: dict[str, set[str]] = {}
     for gpu in gpus:
-        for switch in _switches(parents(gpu)):
+        for switch in switches(gpu):
             beneath.setdefault(switch, set()).add(str(gpu["address"]))
     out: dict[str, str] = {}
     for gpu in gpus:
