@@ -428,3 +428,34 @@ def test_a_real_switch_machine_s_gpu_reads_the_same_in_lspci_sysfs_and_nvidia_sm
     assert check_bar1({"gpus": [{"address": "0000:06:00.0", "bar1_bytes": bar1}]}).status == "ok"
     gpus = switch_pair(tmp_path, acs=ACS_OFF, bar1_bytes=bar1)
     assert "bar1" not in [f.code for f in judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS)).findings]
+
+
+def test_a_fabric_file_named_like_an_option_or_holding_escapes_stays_inert(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The path and the addresses in the file reach the terminal only written out: a name with an
+    escape sequence or a newline is one inert line; a value that begins with '-' is a path (given
+    as --fabric-file=VALUE) or refused by argparse, never another option."""
+    odd = tmp_path / "fab\x1b[31mric\n.json"
+    odd.write_text("{")
+    assert p2p_main.main([f"--fabric-file={odd}"]) == exitcodes.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[31m" in err and "\\n" in err and err.count("\n") == 1
+    assert p2p_main.main(["--fabric-file=--json"]) == exitcodes.BAD_INPUT
+    assert capsys.readouterr().err == "error: --fabric-file --json: not a regular file\n"
+    with pytest.raises(SystemExit) as refused:
+        p2p_main.main(["--fabric-file", "--json"])
+    assert refused.value.code == exitcodes.BAD_INPUT and "expected one argument" in capsys.readouterr().err
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps({"gpus": [{"address": "0000:03:00.0\x1b]0;owned\x07", "parents": []}]}))
+    assert p2p_main.main(["--fabric-file", str(hostile)]) == exitcodes.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "not fabric facts (a GPU without a PCI address" in err and "\x1b" not in err
+
+
+def test_a_bridge_address_that_is_no_pci_address_is_unread_and_never_shown(tmp_path: Path) -> None:
+    gpus = switch_pair(tmp_path, acs=REQ_REDIR_CMPLT)
+    facts = fabric_of(tmp_path, KEYS)
+    facts["gpus"][0]["parents"][-1]["address"] = "0000:02:08.0\x1b[2J"
+    result = judged(on(node(level=PIX), gpus), HALVED, facts)
+    assert "not pci_fabric's" in finding(result, "fabric-unread").message
+    assert not any("\x1b" in (f.message + (f.cause or "")) for f in result.findings)

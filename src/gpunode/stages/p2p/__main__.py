@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpunode.ground.text import shown
 from gpunode.stages.p2p.command import DEFAULT_SIZE_MB, run
 from gpunode.stages.p2p.verdict import EXIT_BAD_INPUT, EXIT_CODES, Expectations
 
@@ -36,26 +37,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+PATH_MAX = 4096  # a path is shown whole (escapes written out), as long as the kernel allows one
+
+
+def _path(path: Path) -> str:
+    """A path from the command line inside a message: inert (escape sequences written out), whole."""
+    return shown(str(path), PATH_MAX)
+
+
 def _p2p_section(path: Path, host: str | None) -> dict[str, Any]:
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        raise ValueError(f"{_path(path)}: not valid YAML: {shown(str(exc), PATH_MAX)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a YAML mapping")
+        raise ValueError(f"{_path(path)}: not a YAML mapping")
     if "hosts" in data:
         hosts = [h for h in data["hosts"] or [] if isinstance(h, dict)]
         chosen = [h for h in hosts if host is None or h.get("name") == host]
         if len(chosen) != 1:
-            names = ", ".join(str(h.get("name")) for h in hosts)
-            raise ValueError(f"{path}: name one host with --host (hosts: {names})")
+            names = ", ".join(shown(h.get("name")) for h in hosts)
+            raise ValueError(f"{_path(path)}: name one host with --host (hosts: {names})")
         data = chosen[0].get("p2p") or {}
     elif "p2p" in data:
         data = data["p2p"] or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: p2p: is not a mapping")
+        raise ValueError(f"{_path(path)}: p2p: is not a mapping")
     return data
 
 
@@ -84,24 +93,24 @@ def fabric_facts(path: Path | None) -> dict[str, Any]:
         return pci_fabric.gather("/")
 
     if not path.is_file():
-        raise ValueError(f"--fabric-file {path}: not a regular file")
+        raise ValueError(f"--fabric-file {_path(path)}: not a regular file")
     with path.open("rb") as handle:
         raw = handle.read(MAX_FABRIC_BYTES + 1)
     if len(raw) > MAX_FABRIC_BYTES:
-        raise ValueError(f"--fabric-file {path}: larger than {MAX_FABRIC_BYTES} bytes")
+        raise ValueError(f"--fabric-file {_path(path)}: larger than {MAX_FABRIC_BYTES} bytes")
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--fabric-file {path}: not JSON ({exc})") from None
+        raise ValueError(f"--fabric-file {_path(path)}: not JSON ({exc})") from None
     except RecursionError:
-        raise ValueError(f"--fabric-file {path}: not JSON (nested too deeply)") from None
+        raise ValueError(f"--fabric-file {_path(path)}: not JSON (nested too deeply)") from None
     if isinstance(data, dict) and isinstance(data.get("facts"), dict):  # a registered nvidia_host_facts result
         data = data["facts"]
     if isinstance(data, dict) and isinstance(data.get("fabric"), dict):  # the facts module's output
         data = data["fabric"]
     shape = pci_fabric.shape_problem(data)
     if shape:
-        raise ValueError(f"--fabric-file {path}: not fabric facts ({shape})")
+        raise ValueError(f"--fabric-file {_path(path)}: not fabric facts ({shape})")
     return data
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
-    LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, live_p2p_keys, missing_p2p_keys, parents, shape_problem, switches)
+    BDF, LEGACY_BAR1, P2P_REGISTRY_DWORDS, REDIRECT_BITS, live_p2p_keys, missing_p2p_keys, parents, shape_problem, switches)
 from gpunode.stages.p2p.topology import Topology
 from gpunode.stages.p2p.findings import Finding, PairVerdict, pair_name
 
@@ -64,7 +64,7 @@ def unread(fabric: Any, topology: Topology) -> str | None:
     shape = shape_problem(fabric)
     if shape:
         return f"the facts are not pci_fabric's ({shape})"
-    entries = {g["address"]: g for g in fabric["gpus"]}  # shape_problem: mappings with string addresses
+    entries = {g["address"]: g for g in fabric["gpus"]}  # shape_problem: mappings with PCI addresses
     missing = [gpu.index for gpu in topology.gpus if fabric_address(gpu.pci_bus_id) not in entries]
     if not entries or missing:
         return ("the fabric facts list no GPU" if not entries else
@@ -76,9 +76,9 @@ def unread(fabric: Any, topology: Topology) -> str | None:
             return f"the facts of {entry['address']} are not pci_fabric's (its parents are not a list of bridges)"
         for function in [entry, *chain]:
             size, acs = function.get("config_bytes"), function.get("acs")
-            if not isinstance(function.get("address"), str) or not isinstance(size, int) or isinstance(size, bool) \
+            if not BDF.match(str(function.get("address"))) or not isinstance(size, int) or isinstance(size, bool) \
                     or not (acs is None or isinstance(acs, dict)):
-                return f"the facts of {entry['address']} are not pci_fabric's (a bridge without address or config)"
+                return f"the facts of {entry['address']} are not pci_fabric's (a bridge without a PCI address or config)"
             if function.get("port_type") is None or size <= SHORT_CONFIG:
                 return f"the config space of {function['address']} was not read (run as root on the host)"
     return None

@@ -277,15 +277,15 @@ def switches(gpu: dict[str, Any]) -> list[str]:
 
 def shape_problem(fabric: Any) -> str | None:
     """What makes ``fabric`` something gather() never returns (so nothing can be judged from it),
-    or None: a mapping, a ``gpus`` list of mappings each with a string address and a list of
-    parents, ``driver_params`` and ``registry_dwords`` mappings where present."""
+    or None: a mapping, a ``gpus`` list of mappings each with a PCI address (what sysfs names; so
+    an address shown in a message is inert) and a list of parents, ``driver_params`` and ``registry_dwords`` mappings where present."""
     if not isinstance(fabric, dict) or not isinstance(fabric.get("gpus"), list):
         return "not a mapping with a 'gpus' list"
     if not all(isinstance(fabric.get(key, {}), dict) for key in ("driver_params", "registry_dwords")):
         return "driver_params or registry_dwords is not a mapping"
-    if not all(isinstance(gpu, dict) and isinstance(gpu.get("address"), str) and isinstance(gpu.get("parents", []), list)
+    if not all(isinstance(gpu, dict) and BDF.match(str(gpu.get("address"))) and isinstance(gpu.get("parents", []), list)
                for gpu in fabric["gpus"]):
-        return "a GPU without a string address or a parents list"
+        return "a GPU without a PCI address or a parents list"
     return None
 
 
