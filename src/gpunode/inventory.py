@@ -45,7 +45,7 @@ def _secret_files(host: Host, secrets: SecretFiles) -> dict[str, str | None]:
     auth = host.api.auth
     return {"password_file": file("password"), "password_vault": vault(auth.password),
             "token_secret_file": file("token_secret"), "token_secret_vault": vault(auth.token_secret),
-            "api_key_file": file("api_key")}
+            "api_key_file": file("api_key"), "hub_token_file": file("hub_token")}
 
 
 def host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def secret_refs(hostfile: HostFile) -> dict[tuple[str, str], SecretRef]:
     refs: dict[tuple[str, str], SecretRef] = {}
     for host in hostfile.hosts:
         for field, ref in (("password", host.api.auth.password), ("token_secret", host.api.auth.token_secret),
-                           ("api_key", host.server.api_key)):
+                           ("api_key", host.server.api_key), ("hub_token", host.model.token)):
             if ref is not None:
                 refs[(host.name, field)] = ref
     if hostfile.router is not None and hostfile.router.api_key is not None:

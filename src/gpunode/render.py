@@ -80,6 +80,18 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
             console.print(f"  [yellow]lab: the server runs the stand-in {plan.image['server_image']} (the fake SGLang "
                           "server; no GPU here), shipped to the node by the image stage[/yellow]")
 
+        model = plan.model
+        console.print(f"\n[bold]Model[/bold] {model['repo']}" + (f" at {model['revision']}" if model["revision"] else "")
+                      + f": {escape(model['from'])}")
+        console.print(f"  weights: {escape(model['weights_dir'])} on the {'Proxmox host' if model['on'] == 'host' else 'node'}"
+                      + (f", manifest {escape(model['manifest'])}" if model["manifest"] else ""))
+        if model["mount"]:
+            console.print(f"  mount: {escape(model['mount'])}")
+        if model["token"]:
+            console.print(f"  token: {escape(model['token'])}")
+        console.print(f"  verify: {model['verify']} (README 'The model': what each level reads); tools {escape(model['tools'])}")
+        console.print(f"  {escape(model['recreate'])}")
+
         server = plan.server
         console.print(f"\n[bold]Server[/bold] profile {server['profile']}: {server['model']} from {server['model_path']} "
                       f"as {server['served_name']} on {server['bind']}:{server['port']}")

@@ -140,7 +140,7 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
         assert f"lab: not running stage {stage}: " in by_from.stderr and why in by_from.stderr
     unknown = gpunode("provision", str(LAB_HOSTS), "--tags", "nodes")
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "error: unknown stage 'nodes' (stages: host, container, node, image, p2p, serve, smoke, router)"
+    assert unknown.stderr.strip() == "error: unknown stage 'nodes' (stages: host, container, node, model, image, p2p, serve, smoke, router)"
     # Named with --tags, a GPU stage runs, and says what is missing.
     forced = gpunode("provision", str(LAB_HOSTS), "--tags", "p2p", "--json", timeout=600)
     assert forced.returncode == 1

@@ -51,7 +51,7 @@ def test_json_and_exit_code() -> None:
 def test_unknown_layer_is_bad_input(gpunode) -> None:
     result = gpunode("check", str(LAB), "--layer", "gpu")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, node, image, p2p, "
+    assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, node, model, image, p2p, "
                                      "serve, smoke, router)")
 
 

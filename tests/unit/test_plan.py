@@ -136,7 +136,7 @@ def test_plan_contacts_nothing(gpunode, monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("tags,start,expected", [
     (None, None, list(stages.STAGE_NAMES)),
-    (None, "node", ["node", "image", "p2p", "serve", "smoke", "router"]),
+    (None, "node", ["node", "model", "image", "p2p", "serve", "smoke", "router"]),
     (["node", "smoke"], None, ["node", "smoke"]),
     (["host", "serve"], "node", ["serve"]),
 ])

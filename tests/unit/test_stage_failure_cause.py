@@ -23,9 +23,18 @@ NOTE = "lab: memlock capped at 8 MiB (this machine has no CAP_SYS_RESOURCE); a r
 
 
 @pytest.fixture
-def target() -> Target:
+def target(monkeypatch: pytest.MonkeyPatch) -> Target:
+    import json
+
+    from gpunode.stages import engine
+
     host = hostfile.load(ROOT / "inventory" / "lab" / "host.yml").hosts[0]
-    return Target(host, derive.derive(host))
+    derived = derive.derive(host)
+    # The model stage's record of verified weights: the serve stage starts only on those.
+    plan = derived.model
+    verified = json.dumps({"ok": True, "repo": plan.repo, "revision": plan.revision, "weights_dir": plan.weights_dir})
+    monkeypatch.setattr(engine, "read_file", lambda _ssh, _path, timeout_s=20.0: verified)
+    return Target(host, derived)
 
 
 def test_the_serve_stages_failure_is_the_servers_diagnosis_not_its_first_note(

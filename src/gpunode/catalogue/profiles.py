@@ -55,6 +55,11 @@ class Profile:
     module: str
     flags: tuple[Flag, ...]
     env: tuple[EnvVar, ...]
+    # What the checkpoint's config.json must say for this launch (the model stage checks it): its
+    # architectures[0] and quantization_config's quant_method and quant_algo. An architecture the
+    # stack does not know turns off its sparse-attention set-up (FIELD-NOTES s13).
+    architecture: str | None = None
+    quantization: tuple[tuple[str, str], ...] = ()
 
     def flag_value(self, flag: str) -> FlagValue:
         for item in self.flags:
@@ -88,6 +93,8 @@ def load(name: str) -> Profile:
             module=raw["module"],
             flags=tuple(Flag(item["flag"], item.get("value"), item["why"]) for item in raw["flags"]),
             env=tuple(EnvVar(item["name"], str(item["value"]), item["why"]) for item in raw["env"]),
+            architecture=raw["model"].get("architecture"),
+            quantization=tuple((str(k), str(v)) for k, v in (raw["model"].get("quantization") or {}).items()),
         )
     except (KeyError, TypeError) as exc:
         raise ProfileError(f"profile {name!r} is malformed: missing {exc}") from None

@@ -59,11 +59,16 @@ def test_container_is_gpunodes(pve_host: Any, ct: lxc.Converger) -> None:
     assert lxc.owned(config), lxc.foreign_message(ct.vmid, config, ct.status(), refused=False)
 
 
-def _group(key: str) -> str:
-    return "devices" if lxc.DEV_KEY.match(key) else "driver mount" if lxc.MP_KEY.match(key) else "settings"
+def _group(change: lxc.Change) -> str:
+    if lxc.DEV_KEY.match(change.key):
+        return "devices"
+    if lxc.MP_KEY.match(change.key):
+        target = lxc.props(str(change.after or change.before or "")).get("mp")
+        return "driver mount" if target == lxc.MOUNT_POINT else "model mount"
+    return "settings"
 
 
-@pytest.mark.parametrize("group", ["devices", "driver mount", "settings"])
+@pytest.mark.parametrize("group", ["devices", "driver mount", "model mount", "settings"])
 def test_container_config_matches(group: str, pve_host: Any, ct: lxc.Converger, gpunode_derived: dict[str, Any],
                                   devices: dict[str, str], host_facts: dict[str, Any]) -> None:
     if not ct.exists():
@@ -78,7 +83,12 @@ def test_container_config_matches(group: str, pve_host: Any, ct: lxc.Converger, 
         if not version:
             pytest.fail("no NVIDIA module loaded on the host: there is no driver tree to mount")
         desired = {**desired, **lxc.place_mounts(live, lxc.driver_mount(f"{TREE_ROOT}/{version}"))}
-    changes = [c for c in lxc.compare(live, desired) if _group(c.key) == group]
+    if group == "model mount":
+        model = gpunode_derived["model"]
+        if not model["mount_source"]:
+            pytest.skip("the weights are inside the container (model.source: node_path): no mount point")
+        desired = {**desired, **lxc.place_mounts(live, lxc.model_mount(model["mount_source"], model["mount_target"]))}
+    changes = [c for c in lxc.compare(live, desired) if _group(c) == group]
     assert not changes, "differs from the host file: " + "; ".join(
         f"{c.key}: live {c.before!r}, want {c.after!r}" for c in changes) + \
         " -> run `gpunode provision --tags container` (a changed or removed devN waits for --restart-container)"

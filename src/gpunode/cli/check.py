@@ -20,7 +20,7 @@ def check(
     """Is this node right? testinfra checks by layer, one per stage; several hosts are checked side
     by side, each reported by name.
 
-    Layers: host, container, node, image, p2p, serve, smoke, router.
+    Layers: host, container, node, model, image, p2p, serve, smoke, router.
     """
     from gpunode.checks import LAYERS
 

@@ -30,7 +30,7 @@ def provision(
     as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Run the provision playbook: host, container, node, image, p2p, serve, smoke.
+    """Run the provision playbook: host, container, node, model, image, p2p, serve, smoke (router).
 
     An existing container without gpunode's tag is never changed (exit 1, naming it) unless
     --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
@@ -54,12 +54,17 @@ def _stage_verb(name: str, summary: str) -> None:
     app.command(name)(verb)
 
 
+# The stages whose verbs live in gpunode.cli.local and gpunode.cli.image: they also run on this machine (--local).
+LOCAL_VERBS = ("image", "p2p", "serve", "smoke")
+
+
 def _stage_verbs() -> None:
-    """host, container, node and router: only the stage; image (build), p2p, serve and smoke have --local too."""
+    """Every stage but those with --local: only the stage, through provision's path."""
     from gpunode.ground.stagelist import STAGES
 
-    for stage in (*STAGES[:3], STAGES[-1]):
-        _stage_verb(stage.name, stage.summary)
+    for stage in STAGES:
+        if stage.name not in LOCAL_VERBS:
+            _stage_verb(stage.name, stage.summary)
 
 
 _stage_verbs()

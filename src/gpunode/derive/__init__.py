@@ -21,6 +21,7 @@ from gpunode.ground.marks import OWNER_TAG, mark_line
 from gpunode.ground.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NODES
 from gpunode.ground.paths import MODULE_UTILS, PACKAGE
 from gpunode.derive.serverspec import CONTAINER_NAME
+from gpunode.derive.modelplan import ModelPlan, plan as model_plan
 
 
 def node_name(host: Host) -> str:
@@ -178,6 +179,7 @@ class Derived(BaseModel):
     served_name: str
     server_container: str  # the server container's name on the node
     probe_sources: tuple[str, ...]  # on the controller: the scripts the node stage probes the hand-off with
+    model: ModelPlan  # where the weights are, what is mounted, what the model stage checks
 
 
 def derive(host: Host) -> Derived:
@@ -194,6 +196,7 @@ def derive(host: Host) -> Derived:
         launch=launch, tp_size=int(tp_size) if tp_size is not None else 1,
         served_name=host.served_name, server_container=CONTAINER_NAME,
         probe_sources=(str(MODULE_UTILS / "nvidia_nodes.py"), str(PACKAGE / "probe" / "cuda_probe.py")),
+        model=model_plan(host),
     )
 
 

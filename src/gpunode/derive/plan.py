@@ -138,6 +138,7 @@ class HostPlan:
     handoff: dict[str, Any]
     image: dict[str, Any]
     server: dict[str, Any]
+    model: dict[str, Any] = field(default_factory=dict)
     stages: list[dict[str, Any]] = field(default_factory=list)
     # Filled only by `plan --live` (gpunode.stages.container.live.Ownership): whose container the vmid is,
     # the Proxmox VE version and what a provision would apply at once or at the restart.
@@ -184,8 +185,26 @@ def plan_host(host: Host) -> HostPlan:
         server={"profile": profile.name, "model": host.model.id, "model_path": str(host.model.path),
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
+        model=model_section(host, derived),
         stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES if s.name != "router"],
     )
+
+
+def model_section(host: Host, derived: Derived) -> dict[str, Any]:
+    """Where the weights come from, the pinned revision, where they are kept and mounted, how they
+    are verified, and what --recreate-container does to them (nothing)."""
+    m = derived.model
+    where = {"hub": f"the Hub at {m.endpoint}, fetched by the model stage into the store on the Proxmox host",
+             "host_path": "already on the Proxmox host (model.host_path), only verified",
+             "node_path": "already inside the container (model.path), only verified"}[m.source]
+    token = host.model.token.describe() if host.model.token is not None else None
+    return {"source": m.source, "from": where, "repo": m.repo, "revision": m.revision, "token": token,
+            "weights_dir": m.weights_dir, "on": m.on, "manifest": m.manifest,
+            "mount": f"{m.mount_source} -> {m.mount_target} (read-only mpN)" if m.mount_source else None,
+            "verify": m.verify, "tools": f"{m.tools_dir} on the {'Proxmox host' if m.on == 'host' else 'node'}",
+            "recreate": ("--recreate-container keeps them: a bind mount's source is not the container's disk"
+                         if m.mount_source else
+                         "--recreate-container DESTROYS them with the container's disk (model.source: node_path)")}
 
 
 def make_plan(hostfile: HostFile) -> list[HostPlan]:

@@ -13,6 +13,7 @@ class StageResult:
     summary: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     cause: str | None = None  # why it failed, where the summary's first line is a note, not the cause
+    unreachable: bool = False  # it failed because the machine it works on (or the Hub) did not answer
 
     def failure(self) -> str:
         """The failure's own message (the task's msg, hence the recap's and summary.json's)."""

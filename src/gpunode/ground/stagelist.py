@@ -32,6 +32,13 @@ STAGES: tuple[Stage, ...] = (
         "every selected /dev/nvidiaN, nvidiactl and nvidia-uvm present as char devices with the right major:minor",
         "device nodes open without EPERM (the cgroup hand-off works)",
     )),
+    Stage("model", "the pinned revision of the weights in the Proxmox host's store (fetched from the Hub) or where "
+                   "the host file says, proven whole", (
+        "every file of the pinned revision present with its size (sha256 against the manifest: verify full)",
+        "every shard's safetensors header reads; the index's shards and tensors are all there",
+        "config.json names the profile's architecture and quantization",
+        "the node's record says the model the server mounts was verified",
+    )),
     Stage("image", "build the pinned CUDA + SGLang + FlashInfer image on the node", (
         "image present with the content tag",
         "pins, patches and sm_120 kernels verified inside the image",

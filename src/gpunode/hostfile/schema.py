@@ -602,17 +602,99 @@ class Image(Strict):
         return value if value is None else base_text(value)
 
 
+COMMIT_RE = r"^[0-9a-f]{40}$"
+# Folders the weights never come from or go to: the kernel's, Proxmox's cluster file system, the root.
+_NOT_A_MODEL_DIR = ("/proc", "/sys", "/dev", "/run", "/etc/pve", "/boot")
+# Where each key of model: belongs (source -> the keys it takes besides id, path, served_name, verify).
+MODEL_SOURCE_KEYS: dict[str, tuple[str, ...]] = {
+    "hub": ("revision", "endpoint", "token", "store", "workers"),
+    "host_path": ("host_path",),
+    "node_path": (),
+}
+
+
+def _model_dir(value: Path, where: str) -> Path:
+    """An absolute folder, not the root and not under a system tree, without '..' (pve-container
+    refuses '..' in a mount point path)."""
+    if not value.is_absolute():
+        raise ValueError(f"{shown(str(value))} must be an absolute path {where}")
+    if ".." in value.parts:
+        raise ValueError(f"{shown(str(value))}: a path with '..' (Proxmox refuses it in a mount point)")
+    if value == Path("/") or any(value == Path(top) or Path(top) in value.parents for top in _NOT_A_MODEL_DIR):
+        raise ValueError(f"{shown(str(value))} is {'the root' if value == Path('/') else 'under a system folder'} "
+                         f"({', '.join(_NOT_A_MODEL_DIR)}): give a folder of its own")
+    return value
+
+
 class Model(Strict):
+    """The weights: which (a Hub repo at a pinned commit), where they come from (``source``), where
+    they are kept (``store`` on the Proxmox host, outside the container's disk) and how they are
+    proven whole before the server starts (``verify``); README "The model"."""
+
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")]
-    path: PathValue
+    path: PathValue  # where the container and the server see the weights
     served_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
+    # hub: fetched by the model stage into store; host_path: already on the Proxmox host (mounted
+    # read-only); node_path: already inside the container at path.
+    source: Literal["hub", "host_path", "node_path"] = "node_path"
+    revision: Annotated[str, Field(pattern=COMMIT_RE)] | None = None  # hub: the 40-hex commit, never a branch
+    endpoint: str | None = None  # hub: a site's mirror (HF_ENDPOINT); unset: https://huggingface.co
+    token: SecretRef | None = None  # hub: for a gated or private repo
+    store: PathValue | None = None  # hub: a folder on the Proxmox host that keeps the weights
+    host_path: PathValue | None = None  # host_path: the folder on the Proxmox host holding them
+    verify: Literal["full", "sizes"] = "sizes"
+    workers: Annotated[int, Field(ge=1, le=64)] = 8  # parallel downloads and hashes
 
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        if not value.is_absolute():
-            raise ValueError(f"{shown(str(value))} must be an absolute path on the node")
+        return _model_dir(value, "on the node")
+
+    @field_validator("store", "host_path")
+    @classmethod
+    def _host_dir(cls, value: Path | None) -> Path | None:
+        return value if value is None else _model_dir(value, "on the Proxmox host")
+
+    @field_validator("revision", mode="before")
+    @classmethod
+    def _pinned(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(COMMIT_RE, value):
+            raise ValueError(f"{shown(value, quote=True, limit=60)} is not a pinned revision: give the 40-hex commit "
+                             "(the repo's history on the Hub lists it), never a branch or tag, which can move")
         return value
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{shown(value, quote=True, limit=80)} is not an http(s) URL")
+        if parts.query or parts.fragment:
+            raise ValueError("the endpoint takes no query or fragment: the Hub's routes are added to it")
+        return url_text(value, "give the Hub token as model.token")
+
+    @model_validator(mode="after")
+    def _source_keys(self) -> Model:
+        for source, keys in MODEL_SOURCE_KEYS.items():
+            if source == self.source:
+                continue
+            for key in keys:
+                # Given, not defaulted (a host dumped and read back carries its defaults too).
+                if getattr(self, key) != type(self).model_fields[key].default and key not in MODEL_SOURCE_KEYS[self.source]:
+                    raise ValueError(f"model.{key} is for source: {source}, not {self.source}")
+        if self.source == "hub":
+            missing = [key for key in ("revision", "store") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"source: hub needs {' and '.join(f'model.{key}' for key in missing)} "
+                                 "(the 40-hex commit to fetch; the Proxmox host's folder that keeps the weights)")
+            if self.token is not None and self.token.vault is not None:
+                raise ValueError("model.token: give {env: NAME} or {file: PATH}: the fetch reads it on this "
+                                 "machine and hands it to the Proxmox host on the fetch's input")
+        if self.source == "host_path" and self.host_path is None:
+            raise ValueError("source: host_path needs model.host_path (the folder on the Proxmox host with the weights)")
+        return self
 
 
 # A float flag is finite: inf or nan would reach sglang as text, and plan --json as non-JSON.

@@ -1,1 +1,1 @@
-"""The stages, one package each (host, container, node, image, p2p, serve, smoke, router), over derive."""
+"""The stages, one package each (host, container, node, model, image, p2p, serve, smoke, router), over derive."""

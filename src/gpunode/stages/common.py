@@ -9,6 +9,7 @@ against the node's Docker engine through an SSH forward (gpunode.stages.engine).
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from gpunode.ground.result import StageResult
 from gpunode.hostfile import Host, SecretRef, Ssh
 from gpunode.stages.engine import forward
 
-GPU_STAGES = ("image", "p2p", "serve", "smoke", "router")
+# The stages run from the modules gpunode.core.gpunode_stage dispatches to (each its package's stage module).
+GPU_STAGES = ("model", "image", "p2p", "serve", "smoke", "router")
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,12 @@ class Target:
 
 @dataclass(frozen=True)
 class Reach:
-    """Where a stage's engine is: the machine's SSH, the ports to forward, the image the stage needs."""
+    """Where a stage's engine is: the machine's SSH, the ports to forward, the image the stage needs;
+    no image: the stage needs no Docker engine there (the model stage) and reaches it itself."""
 
     ssh: Ssh
     ports: tuple[int, ...]
-    image: str
+    image: str | None
 
 
 def console(buffer: io.StringIO) -> Console:
@@ -89,10 +92,16 @@ def _stage(name: str) -> ModuleType:
 
 
 def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
-                     fabric: dict[str, Any] | None = None) -> Any:
+                     fabric: dict[str, Any] | None = None, hub_token_file: str | None = None) -> Any:
     """The stage's target from the inventory's data, as the stage reads it (a host's ``Target``; the
-    router's settings for the router)."""
-    return _stage(name).target_from_data(host, derived, api_key_file, fabric)
+    router's settings for the router). ``hub_token_file``: the run's file with the Hub token, which
+    only the stage that fetches (model) takes."""
+    make = _stage(name).target_from_data
+    if hub_token_file:
+        if "hub_token_file" not in inspect.signature(make).parameters:
+            raise ValueError(f"a Hub token is for the stage that fetches the model, not the {name} stage")
+        return make(host, derived, api_key_file, fabric, hub_token_file=hub_token_file)
+    return make(host, derived, api_key_file, fabric)
 
 
 def run(name: str, target: Any, check_mode: bool) -> StageResult:
@@ -102,6 +111,8 @@ def run(name: str, target: Any, check_mode: bool) -> StageResult:
 
     stage = _stage(name)
     reach: Reach = stage.reach(target)
+    if reach.image is None:
+        return stage.run(target, None, check_mode)  # type: ignore[no-any-return]
     missing = (f"the image {reach.image} is not on the node's engine: run the image stage first "
                "(`gpunode provision --tags image`)")
     try:

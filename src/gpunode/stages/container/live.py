@@ -10,6 +10,7 @@ from typing import Any, Literal
 from gpunode.stages.container import lxc
 from gpunode.stages.container.client import Connection, PveClient
 from gpunode.derive import container_config
+from gpunode.derive.modelplan import plan as model_plan
 from gpunode.hostfile import Host
 from gpunode.ground.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NODES, TREE_ROOT
 
@@ -50,6 +51,8 @@ def wanted(host: Host, live: dict[str, Any]) -> tuple[lxc.Wanted, str]:
     container = host.container
     mounts = (lxc.driver_mount(f"{TREE_ROOT}/{host.driver.version}") if container.gpu_handoff == "host-driver"
               else {})
+    model = model_plan(host)
+    mounts = {**mounts, **lxc.model_mount(model.mount_source, model.mount_target)}
     config = container_config(container, host.name, with_devices=False)
     if container.gpus == "all":
         return lxc.Wanted(config, mounts, None, None), ALL_GPUS_NOTE

@@ -271,6 +271,12 @@ def driver_mount(tree: str) -> dict[str, str]:
     return {MOUNT_POINT: bind_mount(tree, MOUNT_POINT)}
 
 
+def model_mount(source: str | None, target: str) -> dict[str, str]:
+    """The weights' folder on the host, read-only at model.path: the model stage fills it from the
+    host, the container and its server only read it; none for weights inside the container."""
+    return {target: bind_mount(source, target)} if source else {}
+
+
 def place_mounts(live: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, str]:
     """mpN keys for bind mounts given by target path: the key that already mounts that target,
     else the lowest free one; the operator's other mount points keep their keys."""

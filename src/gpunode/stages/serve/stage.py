@@ -24,6 +24,13 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
 
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
+    from gpunode.stages.engine import read_file
+    from gpunode.stages.model.stage import RECORD, refusal
+
+    # Never a server on weights the model stage did not prove whole: it would die loading them, minutes in.
+    refused = refusal(target.derived.model, read_file(target.host.container.reach, RECORD))
+    if refused is not None:
+        return StageResult(failed=True, summary=[f"serve: refused: {refused}"])
     buffer = io.StringIO()
     try:
         settings, notes = node_settings(target, fw.docker_url)

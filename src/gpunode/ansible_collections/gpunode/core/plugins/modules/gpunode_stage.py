@@ -8,7 +8,8 @@ short_description: Run a GPU-side provision stage on a node's Docker engine
 description:
   - Runs one of gpunode's GPU-side stages (image, p2p, serve, smoke) for one host, through the gpunode
     Python package, against the node's Docker engine over SSH; or the router stage, against the router
-    machine's engine.
+    machine's engine; or the model stage, which runs the model tools over SSH on the machine that holds
+    the weights (the Proxmox host, or the node for weights already inside it).
   - Takes the host as gpunode's inventory carries it (the validated host file entry, C(gpunode_host))
     and the values derived from it once (C(gpunode_derived)); it parses no host file and computes
     none of those values again.
@@ -24,7 +25,7 @@ options:
     description: The stage to run.
     type: str
     required: true
-    choices: [image, p2p, serve, smoke, router]
+    choices: [model, image, p2p, serve, smoke, router]
   host:
     description:
       - The host file's entry for this host, validated, as data (the inventory's C(gpunode_host)).
@@ -45,6 +46,12 @@ options:
         causes. Without it the verdict says the fabric was not judged.
       - Refused for the router stage, which has no GPUs.
     type: dict
+  hub_token_file:
+    description:
+      - For the model stage, the run's file holding the Hugging Face Hub token (C(model.token) of the host file).
+        The stage hands it to the fetch on the machine that holds the weights through the command's input, never
+        as an argument or in the environment. Refused for the other stages.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -74,11 +81,12 @@ from ansible_collections.gpunode.core.plugins.module_utils import guard
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "stage": {"type": "str", "required": True, "choices": ["image", "p2p", "serve", "smoke", "router"]},
+            "stage": {"type": "str", "required": True, "choices": ["model", "image", "p2p", "serve", "smoke", "router"]},
             "host": {"type": "dict", "required": True},
             "derived": {"type": "dict", "required": True},
             "api_key_file": {"type": "path", "no_log": False},
             "fabric": {"type": "dict"},
+            "hub_token_file": {"type": "path", "no_log": False},
         },
         supports_check_mode=True,
     )
@@ -93,7 +101,8 @@ def _run(module: AnsibleModule) -> None:
 
     p = module.params
     try:
-        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"], p["fabric"])
+        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"], p["fabric"],
+                                        p["hub_token_file"])
     except ValidationError as exc:
         # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
         first = exc.errors()[0]
@@ -108,8 +117,9 @@ def _run(module: AnsibleModule) -> None:
         module.fail_json(msg=str(exc))
     summary = "\n".join(result.summary)
     if result.failed:
+        # gpunode_unreachable: the machine (or the Hub) did not answer; gpunode reports exit 3.
         module.fail_json(msg=f"{p['stage']}: {result.failure()}",
-                         gpunode_summary=summary, data=result.data)
+                         gpunode_summary=summary, data=result.data, gpunode_unreachable=result.unreachable)
     module.exit_json(changed=result.changed, gpunode_summary=summary, data=result.data)
 
 

@@ -123,6 +123,16 @@ options:
         mount point is hot-plugged into a running container; a changed one waits for a restart.
       - Empty or omitted, no driver mount point is managed.
     type: path
+  weights_dir:
+    description:
+      - The folder on the Proxmox host that holds the model's weights (the model stage's store folder of the
+        pinned revision, or the host file's C(model.host_path)), bind-mounted read-only at O(weights_target) as
+        an C(mpN) mount point. Re-creating the container never touches it, since a bind mount's source is not a volume.
+      - Empty or omitted, no weights mount point is managed (weights inside the container).
+    type: path
+  weights_target:
+    description: Where the container sees the weights (the host file's C(model.path)).
+    type: path
   driver_tree_root:
     description: The folder holding the trees; the trees any container on the node still mounts below it are returned.
     type: path
@@ -267,6 +277,8 @@ ARGS = {
     "control_nodes": {"type": "list", "elements": "str"},
     "optional_nodes": {"type": "list", "elements": "str"},
     "driver_tree": {"type": "path"},
+    "weights_dir": {"type": "path"},
+    "weights_target": {"type": "path"},
     "driver_tree_root": {"type": "path", "default": driver_tree.TREE_ROOT},
     "ssh_public_keys_file": {"type": "path"},
     "allow_restart": {"type": "bool", "default": False},
@@ -333,6 +345,10 @@ def _run(module: AnsibleModule) -> None:
     )
     client = PveClient(conn)
     mounts = lxc.driver_mount(p["driver_tree"]) if p["driver_tree"] else {}
+    if p["weights_dir"]:
+        if not p["weights_target"]:
+            module.fail_json(msg="weights_dir needs weights_target (where the container sees the weights); nothing was changed")
+        mounts.update(lxc.model_mount(p["weights_dir"], p["weights_target"]))
     try:
         result = lxc.ensure(client, p["node"], desired, check_mode=module.check_mode,
                             allow_restart=p["allow_restart"], allow_recreate=p["allow_recreate"], adopt=p["adopt"],
