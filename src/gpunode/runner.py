@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -176,6 +177,36 @@ class Progress:
         return True
 
 
+@contextlib.contextmanager
+def stage_progress(path: Path, progress: Progress, every_s: float = 1.0) -> Iterator[None]:
+    """Show the last line a stage appends to ``path`` (GPUNODE_PROGRESS_FILE: the model stage's bytes,
+    rate and ETA) as the live status line, and keep one line in ten in the log."""
+    stop = threading.Event()
+
+    def follow() -> None:
+        seen = 0
+        while not stop.wait(every_s):
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            if len(lines) > seen:
+                if progress.status is not None:
+                    progress.status.update(escape(lines[-1]))
+                for number in range(seen, len(lines)):
+                    if number % 10 == 0:
+                        progress.log.write(f"{dt.datetime.now().strftime('%H:%M:%S')}           {lines[number]}\n")
+                seen = len(lines)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 class SecretUnavailable(Exception):
     """A secret the host file names cannot be read (bad input: exit 2)."""
 
@@ -334,31 +365,35 @@ def _run(
             with without_env(inventory.secret_env_names(hostfile)), \
                     (console.status("starting") if console.is_terminal else contextlib.nullcontext()) as status:
                 progress.status = status
-                runner = ansible_runner.run(
-                    private_data_dir=str(private),
-                    project_dir=str(PLAYBOOKS),
-                    playbook="provision.yml",
-                    inventory=str(private / "inventory" / "gpunode.json"),
-                    ident=ident,
-                    tags=",".join(stages),
-                    limit=limit,
-                    extravars=extravars,
-                    cmdline=" ".join(cmdline) or None,
-                    verbosity=verbosity or None,
-                    envvars={
-                        # ansible-playbook from the same environment as this gpunode.
-                        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                        # The gpunode.core collection, from the package itself (any folder, a wheel).
-                        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
-                        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
-                        "ANSIBLE_FORCE_COLOR": "0",
-                    },
-                    suppress_env_files=True,
-                    quiet=True,
-                    event_handler=progress,
-                    cancel_callback=lambda: canceled["flag"],
-                    rotate_artifacts=20,
-                )
+                progress_file = private / "stage-progress.log"
+                with stage_progress(progress_file, progress):
+                    runner = ansible_runner.run(
+                        private_data_dir=str(private),
+                        project_dir=str(PLAYBOOKS),
+                        playbook="provision.yml",
+                        inventory=str(private / "inventory" / "gpunode.json"),
+                        ident=ident,
+                        tags=",".join(stages),
+                        limit=limit,
+                        extravars=extravars,
+                        cmdline=" ".join(cmdline) or None,
+                        verbosity=verbosity or None,
+                        envvars={
+                            # ansible-playbook from the same environment as this gpunode.
+                            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                            # The gpunode.core collection, from the package itself (any folder, a wheel).
+                            "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+                            "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
+                            "ANSIBLE_FORCE_COLOR": "0",
+                            # The model stage appends its progress here; stage_progress shows it live.
+                            "GPUNODE_PROGRESS_FILE": str(progress_file),
+                        },
+                        suppress_env_files=True,
+                        quiet=True,
+                        event_handler=progress,
+                        cancel_callback=lambda: canceled["flag"],
+                        rotate_artifacts=20,
+                    )
         finally:
             signal.signal(signal.SIGINT, previous)
         status_text = "canceled" if canceled["flag"] else runner.status

@@ -19,7 +19,7 @@ from pathlib import Path
 from gpunode_lab.contract import (
     BRIDGE, BRIDGE_IP, CONFIG_BEGIN, CONFIG_END, CONTAINER_IP, DEBIAN_MIRROR, DEBIAN_RELEASE, DEV_DIR,
     GPU_CONTAINER, HOST_CA_BUNDLE, HOST_DRIVER_LAYOUT, HOST_FACTS_TARBALL, KNOWN_HOSTS, LAB_CONTAINERS,
-    LAB_HOST_FACTS_ROOT, LAB_MODEL_DIR, LAB_MODEL_FILES, LXC_CACHE, LXC_PATH, LabContainer, LabError,
+    LAB_HOST_FACTS_ROOT, LAB_MODEL_DIR, LXC_CACHE, LXC_PATH, LabContainer, LabError,
     MASKED_UNITS, PACKAGE_PROBES, Progress, SSH_DIR, SSH_KEY, SSH_PUBKEY, TEMPLATE_SECURITY_MIRROR,
 )
 from gpunode_lab.devices import device_nodes
@@ -126,7 +126,8 @@ def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
     rootfs = ct.rootfs
     etc = rootfs / "etc"
     sources = (f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE} main\n"
-               f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE}-updates main\n")
+               f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE}-updates main\n"
+               f"deb {TEMPLATE_SECURITY_MIRROR} {DEBIAN_RELEASE}-security main\n")
     changed |= write_if_changed(etc / "apt/sources.list", sources, 0o644)
     for extra in sorted((etc / "apt/sources.list.d").glob("*")):
         if extra.is_file() and "security.debian.org" in extra.read_text(errors="replace"):
@@ -175,8 +176,10 @@ def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
 def ensure_model_stand_in(progress: Progress, ct: LabContainer) -> bool:
     folder = ct.rootfs / LAB_MODEL_DIR.lstrip("/")
     changed = False
-    for name, text in LAB_MODEL_FILES.items():
-        changed |= write_if_changed(folder / name, text, 0o644)
+    from gpunode_lab.weights import files
+
+    for name, data in files().items():
+        changed |= write_if_changed(folder / name, data, 0o644)
     progress(f"container: {ct.name} model stand-in {LAB_MODEL_DIR} " + ("written" if changed else "in place"))
     return changed
 

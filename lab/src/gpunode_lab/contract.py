@@ -24,7 +24,9 @@ DEBIAN_RELEASE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # Only used while lxc-create runs (its template always writes a security line and runs apt-get
 # update); security.debian.org does not answer here, deb.debian.org serves the same archive.
-# The finished container's sources name deb.debian.org bookworm and bookworm-updates only.
+# The finished container's sources name deb.debian.org's bookworm, bookworm-updates and its
+# security archive: the template installs from security, so a package built against those updates
+# (python3.11-venv for python3.11) is only installable with it, as on a real Debian 12.
 TEMPLATE_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 CONTAINER_PACKAGES = ("openssh-server", "python3", "ca-certificates", "sudo")
 
@@ -51,11 +53,9 @@ PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3
 MASKED_UNITS = ("systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
                 "systemd-udevd-control.socket", "systemd-udevd-kernel.socket")
 
-# The model folder of inventory/lab/host.yml, made in the node with what the fake server reads
-# (a config.json, as transformers would) so that the serve stage can run the stand-in server.
+# The model folder of inventory/lab/host.yml (model.source: node_path), made in the node: the lab's
+# checkpoint (gpunode_lab.weights), which the model stage verifies and the stand-in server reads.
 LAB_MODEL_DIR = "/models/GLM-5-NVFP4"
-LAB_MODEL_FILES = {"config.json": '{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}\n',
-                   "tokenizer.json": "{}\n"}
 
 NVIDIA_MAJOR = GPU_MAJOR  # the fake nodes carry the driver's numbers
 UVM_MAJOR_RANGE = range(234, 255)  # pick the highest char major in 234..254 not in /proc/devices

@@ -66,7 +66,8 @@ class Report:
     @property
     def bad_files(self) -> list[str]:
         """Files a fetch replaces: missing, of the wrong size or hash, or not a file."""
-        return sorted({f.subject for f in self.findings if f.code in ("missing", "size", "sha256", "not_a_file")})
+        return sorted({f.subject for f in self.findings
+                       if f.code in ("missing", "size", "sha256", "not_a_file") and f.subject != "."})
 
     def add(self, finding: Finding) -> None:
         if sum(1 for f in self.findings if f.code == finding.code) >= SHOWN_PER_CODE:
@@ -270,6 +271,11 @@ def verify(folder: Path, *, manifest: Manifest | None, level: str, workers: int,
     report = Report(level)
     fix = FIXES[source]
     if not folder.is_dir():
+        if manifest is not None:  # every file of the revision is missing: a fetch takes them all
+            for entry in manifest.files:
+                report.add(Finding("missing", entry.path, "is not there (nor is its folder)", fix))
+            report.seconds = clock() - start
+            return report
         report.add(Finding("missing", ".", f"the weights folder {folder} is not there", fix))
         return report
     check_files(folder, manifest, level, workers, fix, report)

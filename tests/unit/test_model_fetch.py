@@ -1,0 +1,187 @@
+"""The model stage's fetch (gpunode.stages.model.fetch, and its command) with the real huggingface_hub
+client against the lab's Hub stand-in (gpunode_lab.hub) on loopback: a fresh store is fetched whole
+and verified; a converged one needs no request at all; a deleted, truncated or flipped shard is named
+and fetched again alone; a cut connection ends whole; an unreachable Hub, an unknown
+revision, a refused token and a store too small each fail fast with both facts named, the token in
+no output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.stages.model import fetch
+from gpunode_lab import checkpoint
+from gpunode_lab.hub import Hub
+
+REPO = "lukealonso/GLM-5-NVFP4"
+SHARD = "model-00002-of-00003.safetensors"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _offline_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No user's cache, token or telemetry: the client talks to the stand-in only."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    made = checkpoint.make(tmp_path / "hub" / REPO, shards=3, shard_bytes=256 * 1024)
+    with Hub(tmp_path / "hub", page_size=2) as running:
+        running.commit = made["commit"]  # type: ignore[attr-defined]
+        yield running
+
+
+def plan(tmp_path: Path, hub: Any, **over: Any) -> fetch.Plan:
+    base = tmp_path / "store" / REPO.replace("/", "--")
+    values = dict(repo=REPO, revision=hub.commit, endpoint=hub.url, weights_dir=base / hub.commit,
+                  manifest=base / f"{hub.commit}.manifest.json", verify="sizes", workers=4,
+                  architecture="GlmMoeDsaForCausalLM", quantization={"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    values.update(over)
+    return fetch.Plan(**values)
+
+
+def repo_files(tmp_path: Path) -> list[Path]:
+    """The repo's files as the stand-in serves them (its own .hub* cache files are not repo content)."""
+    return [f for f in (tmp_path / "hub" / REPO).iterdir() if f.is_file() and not f.name.startswith(".hub")]
+
+
+def bodies(hub: Any) -> list[str]:
+    """The files whose bytes were sent (GETs of a file with a body)."""
+    return sorted({e["file"] for e in hub.log() if e["method"] == "GET" and e.get("file") and e["bytes_sent"]})
+
+
+def converge(p: fetch.Plan, token: str | None = None, lines: list | None = None) -> dict[str, Any]:
+    return fetch.converge(p, token, False, (lines if lines is not None else []).append)
+
+
+def test_a_fresh_store_is_fetched_whole_and_a_converged_one_needs_no_request(tmp_path: Path, hub: Any) -> None:
+    p = plan(tmp_path, hub)
+    first = converge(p)
+    assert first["changed"] and first["verify"]["ok"], first
+    src = repo_files(tmp_path)
+    for f in src:
+        assert (p.weights_dir / f.name).read_bytes() == f.read_bytes(), f.name
+    assert first["fetched"] == sorted(f.name for f in src)
+    assert first["verify"]["hashed_files"] == len(first["fetched"]), "every fetched file is hashed once"
+    hub.clear_log()
+    second = converge(p)
+    assert not second["changed"] and second["verify"]["ok"] and second["fetched"] == []
+    assert hub.log() == [], "a converged store asks the Hub nothing"
+    assert second["verify"]["hashed_files"] == 0
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])
+def test_a_damaged_shard_is_named_and_fetched_again_alone(tmp_path: Path, hub: Any, damage: str) -> None:
+    p = plan(tmp_path, hub)
+    converge(p)
+    shard = p.weights_dir / SHARD
+    if damage == "delete":
+        shard.unlink()
+    elif damage == "truncate":
+        os.truncate(shard, shard.stat().st_size // 2)
+    else:
+        with open(shard, "r+b") as handle:
+            handle.seek(1000)
+            byte = handle.read(1)
+            handle.seek(1000)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+    offline = fetch.offline(p, "hub")["verify"]
+    assert not offline["ok"] and offline["bad_files"] == [SHARD]
+    hub.clear_log()
+    again = converge(p)
+    assert again["changed"] and again["fetched"] == [SHARD] and again["verify"]["ok"], again
+    assert bodies(hub) == [SHARD], "only that file came from the Hub"
+    assert shard.read_bytes() == (tmp_path / "hub" / REPO / SHARD).read_bytes()
+
+
+def test_a_cut_connection_mid_file_still_ends_whole(tmp_path: Path, hub: Any) -> None:
+    """The connection dies 100 kB into a shard: the client tries again in the same run and the shard
+    ends whole and verified. (huggingface_hub 1.28 downloads into a per-process temporary file that it
+    removes on failure, file_download.py _download_to_tmp_and_move: a killed run starts the file over.)"""
+    p = plan(tmp_path, hub)
+    hub.faults({"cut": {"path": SHARD, "after": 100_000}})
+    result = converge(p)
+    assert result["verify"]["ok"] and SHARD in result["fetched"]
+    gets = [e for e in hub.log() if e.get("file") == SHARD and e["method"] == "GET"]
+    assert gets[0]["cut"] and gets[0]["bytes_sent"] == 100_000 and len(gets) == 2, gets
+    assert (p.weights_dir / SHARD).read_bytes() == (tmp_path / "hub" / REPO / SHARD).read_bytes()
+
+
+def test_progress_lines_say_bytes_rate_and_eta(tmp_path: Path, hub: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetch, "PROGRESS_EVERY_S", 0.01)
+    real = fetch.download
+
+    def slow(*args: Any) -> None:
+        time.sleep(0.1)
+        real(*args)
+    monkeypatch.setattr(fetch, "download", slow)
+    lines: list[dict[str, Any]] = []
+    converge(plan(tmp_path, hub), lines=lines)
+    progress = [line["progress"] for line in lines if "progress" in line]
+    assert progress and {"bytes", "total", "rate", "eta_s"} <= set(progress[-1])
+    assert lines[0]["fetching"]["files"] == len(repo_files(tmp_path))
+
+
+def test_an_unreachable_hub_fails_fast(tmp_path: Path, hub: Any) -> None:
+    from fakes.ports import closed_port
+
+    start = time.monotonic()
+    with closed_port() as port, pytest.raises(fetch.HubUnreachable):
+        converge(plan(tmp_path, hub, endpoint=f"http://127.0.0.1:{port}"))
+    assert time.monotonic() - start < 15
+
+
+def test_an_unknown_revision_is_named(tmp_path: Path, hub: Any) -> None:
+    with pytest.raises(fetch.HubRefused, match="revision not found"):
+        converge(plan(tmp_path, hub, revision="0" * 40))
+
+
+def test_a_refused_token_is_named_and_never_shown(tmp_path: Path, hub: Any) -> None:
+    hub.faults({"token": "hf_right_one"})
+    with pytest.raises(fetch.HubRefused) as caught:
+        converge(plan(tmp_path, hub), token="hf_wrong_secret_value")
+    assert "token" in str(caught.value) and "hf_wrong_secret_value" not in str(caught.value)
+    assert converge(plan(tmp_path, hub), token="hf_right_one")["verify"]["ok"]
+
+
+def test_a_store_too_small_is_refused_before_the_first_byte(tmp_path: Path, hub: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetch.shutil, "disk_usage", lambda _path: type("U", (), {"free": 1000})())
+    with pytest.raises(fetch.StoreTooSmall) as caught:
+        converge(plan(tmp_path, hub))
+    assert "1000 bytes" in str(caught.value) and "more" in str(caught.value)
+    assert bodies(hub) == [], "refused before the first byte"
+
+
+def tool(verb: str, request: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
+    proc = subprocess.run([sys.executable, "-s", "-m", "gpunode.stages.model", verb], input=json.dumps(request),
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stdout + proc.stderr
+
+
+def test_the_command_speaks_json_lines_and_gpunodes_exit_codes(tmp_path: Path, hub: Any) -> None:
+    p = plan(tmp_path, hub)
+    data = {"source": "hub", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(p).items()}}
+    code, lines, _ = tool("converge", {"plan": data, "token": None})
+    assert code == 0 and lines[-1]["result"]["verify"]["ok"]
+    code, lines, _ = tool("verify", {"plan": data})
+    assert code == 0 and lines[-1]["result"]["verify"]["files"] == len(repo_files(tmp_path))
+    (p.weights_dir / SHARD).unlink()
+    code, lines, _ = tool("verify", {"plan": data})
+    assert code == 1 and lines[-1]["result"]["verify"]["bad_files"] == [SHARD]
+    code, lines, out = tool("converge", {"plan": {**data, "endpoint": "http://127.0.0.1:9"}, "token": "hf_never_shown"})
+    assert code == 3 and lines[-1]["kind"] == "unreachable" and "hf_never_shown" not in out
+    code, lines, _ = tool("converge", {"plan": "nope"})
+    assert code == 2 and lines[-1]["kind"] == "usage"
