@@ -76,7 +76,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(root: Path):
+def server(root: Path) -> Iterator[Hub]:
     with Hub(root, page_size=2) as hub:
         yield hub
 

@@ -440,7 +440,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"Content-Type": "application/json; charset=utf-8", **(headers or {})}, body)
 
     def _error(self, err: HubError) -> None:
-        headers = {"Content-Type": "application/json; charset=utf-8", "X-Error-Message": err.message,
+        headers = {"Content-Type": "application/json; charset=utf-8", "X-Error-Message": _header_safe(err.message),
                    **err.headers}
         if err.code:
             headers["X-Error-Code"] = err.code
@@ -654,7 +654,7 @@ class _Handler(BaseHTTPRequestHandler):
         name = entry.path.rsplit("/", 1)[-1]
         headers = {**headers, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
                    "Content-Disposition": f"inline; filename*=UTF-8''{urllib.parse.quote(name)}; "
-                                          f'filename="{name}";'}
+                                          f'filename="{_header_safe(name).replace(chr(34), "?")}";'}
         start, end, status = 0, size, 200
         wanted = self.headers.get("Range")
         if wanted:
@@ -714,6 +714,11 @@ class _Handler(BaseHTTPRequestHandler):
                     raise HubError(400, None, f"bad faults: {err}") from None
             return self._json(hub.fault_state())
         raise HubError(404, None, "no such lab control")
+
+
+def _header_safe(text: str) -> str:
+    """Printable ASCII only: no header splitting by a CR/LF smuggled in through a %-escape."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 def _truthy(values: list[str] | None) -> bool:
