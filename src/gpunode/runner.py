@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpunode.ground import exitcodes
+from gpunode.ground.result import PROGRESS_ENV
 
 from gpunode import inventory
 from gpunode.hostfile import HostFile
@@ -179,24 +180,27 @@ class Progress:
 
 @contextlib.contextmanager
 def stage_progress(path: Path, progress: Progress, every_s: float = 1.0) -> Iterator[None]:
-    """Show the last line a stage appends to ``path`` (GPUNODE_PROGRESS_FILE: the model stage's bytes,
-    rate and ETA) as the live status line, and keep one line in ten in the log."""
+    """Show the last line a stage appends to ``path`` (PROGRESS_ENV: the model stage's bytes, rate
+    and ETA) as the live status line, and keep one line in ten in the log."""
     stop = threading.Event()
 
     def follow() -> None:
-        seen = 0
+        offset, count = 0, 0
         while not stop.wait(every_s):
             try:
-                lines = path.read_text().splitlines()
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    new = handle.read()
             except OSError:
                 continue
-            if len(lines) > seen:
+            complete, newline, _partial = new.rpartition(b"\n")  # a line being written waits for its newline
+            offset += len(complete) + len(newline)
+            for line in complete.decode(errors="replace").splitlines():
                 if progress.status is not None:
-                    progress.status.update(escape(lines[-1]))
-                for number in range(seen, len(lines)):
-                    if number % 10 == 0:
-                        progress.log.write(f"{dt.datetime.now().strftime('%H:%M:%S')}           {lines[number]}\n")
-                seen = len(lines)
+                    progress.status.update(escape(line))
+                if count % 10 == 0:
+                    progress.log.write(f"{dt.datetime.now().strftime('%H:%M:%S')}           {line}\n")
+                count += 1
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
@@ -386,7 +390,7 @@ def _run(
                             "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
                             "ANSIBLE_FORCE_COLOR": "0",
                             # The model stage appends its progress here; stage_progress shows it live.
-                            "GPUNODE_PROGRESS_FILE": str(progress_file),
+                            PROGRESS_ENV: str(progress_file),
                         },
                         suppress_env_files=True,
                         quiet=True,

@@ -130,12 +130,12 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
     # A lab run leaves out what the lab cannot run, and says why, stage by stage: with the stand-in
     # server only p2p; without it, every GPU-side stage.
     by_from = gpunode("provision", str(LAB_HOSTS), "--from", "node", "--json", timeout=600)
-    assert by_from.returncode == 0 and _summary(by_from)["stages"] == ["node", "image", "serve", "smoke"]
+    assert by_from.returncode == 0 and _summary(by_from)["stages"] == ["node", "model", "image", "serve", "smoke"]
     assert "lab: not running stage p2p: the lab has no GPU behind its node" in by_from.stderr
     assert "not running stage serve" not in by_from.stderr
     bare = _variant(tmp_path, "      lab_stand_in: fake-sglang\n", "")
     by_from = gpunode("provision", str(bare), "--from", "node", "--json", timeout=600)
-    assert by_from.returncode == 0 and _summary(by_from)["stages"] == ["node"]
+    assert by_from.returncode == 0 and _summary(by_from)["stages"] == ["node", "model"]
     for stage, why in (("image", "no CUDA 12.8 nvcc"), ("p2p", "no GPU"), ("serve", "no GPU"), ("smoke", "no GPU")):
         assert f"lab: not running stage {stage}: " in by_from.stderr and why in by_from.stderr
     unknown = gpunode("provision", str(LAB_HOSTS), "--tags", "nodes")

@@ -165,23 +165,39 @@ def test_a_store_too_small_is_refused_before_the_first_byte(tmp_path: Path, hub:
     assert bodies(hub) == [], "refused before the first byte"
 
 
-def tool(verb: str, request: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
+@pytest.fixture
+def tool_lib(tmp_path: Path) -> Path:
+    """gpunode's files as the role ships them to the machine with the weights (derive.modelplan.TOOL_FILES),
+    and nothing else of gpunode: the command must run from them alone."""
+    from gpunode.derive.modelplan import PACKAGE, TOOL_FILES
+
+    lib = tmp_path / "lib"
+    for rel in TOOL_FILES:
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (lib / rel).write_bytes((PACKAGE.parent / rel).read_bytes())
+    return lib
+
+
+def tool(lib: Path, verb: str, request: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
     proc = subprocess.run([sys.executable, "-s", "-m", "gpunode.stages.model", verb], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(lib)})
     return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stdout + proc.stderr
 
 
-def test_the_command_speaks_json_lines_and_gpunodes_exit_codes(tmp_path: Path, hub: Any) -> None:
+def test_the_command_speaks_json_lines_and_gpunodes_exit_codes(tmp_path: Path, hub: Any, tool_lib: Path) -> None:
     p = plan(tmp_path, hub)
     data = {"source": "hub", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(p).items()}}
-    code, lines, _ = tool("converge", {"plan": data, "token": None})
-    assert code == 0 and lines[-1]["result"]["verify"]["ok"]
-    code, lines, _ = tool("verify", {"plan": data})
+    code, lines, out = tool(tool_lib, "converge", {"plan": data, "token": None})
+    assert code == 0 and lines[-1]["result"]["verify"]["ok"], out
+    assert f"{tool_lib}/gpunode/stages/model" in subprocess.run(
+        [sys.executable, "-s", "-c", "import gpunode.stages.model.fetch as f; print(f.__file__)"], capture_output=True,
+        text=True, env={**os.environ, "PYTHONPATH": str(tool_lib)}).stdout, "the shipped files are the ones run"
+    code, lines, _ = tool(tool_lib, "verify", {"plan": data})
     assert code == 0 and lines[-1]["result"]["verify"]["files"] == len(repo_files(tmp_path))
     (p.weights_dir / SHARD).unlink()
-    code, lines, _ = tool("verify", {"plan": data})
+    code, lines, _ = tool(tool_lib, "verify", {"plan": data})
     assert code == 1 and lines[-1]["result"]["verify"]["bad_files"] == [SHARD]
-    code, lines, out = tool("converge", {"plan": {**data, "endpoint": "http://127.0.0.1:9"}, "token": "hf_never_shown"})
+    code, lines, out = tool(tool_lib, "converge", {"plan": {**data, "endpoint": "http://127.0.0.1:9"}, "token": "hf_never_shown"})
     assert code == 3 and lines[-1]["kind"] == "unreachable" and "hf_never_shown" not in out
-    code, lines, _ = tool("converge", {"plan": "nope"})
+    code, lines, _ = tool(tool_lib, "converge", {"plan": "nope"})
     assert code == 2 and lines[-1]["kind"] == "usage"

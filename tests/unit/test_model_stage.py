@@ -86,3 +86,54 @@ def test_the_progress_line_says_bytes_rate_and_eta() -> None:
                                        "eta_s": 372}})
     assert line == "model: fetched 12.30 GB of 450.00 GB, 1.21 GB/s, ETA 6m12s"
     assert progress_line({"result": {}}) is None
+
+
+def test_the_tools_output_is_read_whole_however_much_they_write(tmp_path: Path) -> None:
+    """A tool that writes 1 MB to stderr before its result cannot stall on a full stderr pipe while the
+    stage reads stdout: stderr is drained beside it, and its end kept for a failure's message."""
+    from gpunode.hostfile import Ssh
+    from gpunode.stages.model import stage
+
+    plan = derive(host_with(tmp_path)).model.model_copy(update={"tools_dir": str(tmp_path / "tools")})
+    python = tmp_path / "tools" / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\ncat >/dev/null\nhead -c 1000000 /dev/zero | tr '\\0' w >&2\n"
+                      "echo '{\"result\": {\"verify\": {\"ok\": true}}}'\n")
+    python.chmod(0o755)
+    code, lines, other = stage.run_tool(Ssh(address="127.0.0.1", connection="local"), plan, "verify", {"plan": {}})
+    assert code == 0 and lines == [{"result": {"verify": {"ok": True}}}] and other.startswith("www") \
+        and len(other) == 1_000_000
+
+
+def test_the_runner_shows_the_stages_last_progress_line_and_logs_one_in_ten(tmp_path: Path) -> None:
+    import io
+    import time
+
+    from gpunode import runner
+
+    shown: list[str] = []
+    progress = runner.Progress.__new__(runner.Progress)
+    progress.status, progress.log = type("S", (), {"update": lambda self, text: shown.append(text)})(), io.StringIO()
+    path = tmp_path / "progress.log"
+    with runner.stage_progress(path, progress, every_s=0.01):
+        with path.open("a") as handle:
+            handle.write("".join(f"model: line {n}\n" for n in range(12)) + "model: half a li")
+        time.sleep(0.2)
+    assert shown[-1] == "model: line 11" and "half" not in "".join(shown)
+    assert [line.split()[-1] for line in progress.log.getvalue().splitlines()] == ["0", "10"]
+
+
+@pytest.mark.parametrize("check_mode,code,failed,unreachable,needle", [
+    (True, 127, False, False, "the tools are not on pve-lab-ct200 yet: a real run installs them"),
+    (False, 127, True, False, "No such file"),
+    (False, 255, True, True, "ssh to root@10.0.3.10 failed"),
+])
+def test_the_stage_says_what_its_tools_exit_means(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check_mode: bool,
+                                                  code: int, failed: bool, unreachable: bool, needle: str) -> None:
+    from gpunode.stages.common import Target
+    from gpunode.stages.model import stage
+
+    host = host_with(tmp_path)
+    monkeypatch.setattr(stage, "run_tool", lambda *_a, **_k: (code, [], "env: '/x/venv/bin/python': No such file"))
+    result = stage.run(Target(host, derive(host)), None, check_mode)
+    assert (result.failed, result.unreachable) == (failed, unreachable) and needle in result.summary[0], result

@@ -128,7 +128,16 @@ def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
     sources = (f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE} main\n"
                f"deb {DEBIAN_MIRROR} {DEBIAN_RELEASE}-updates main\n"
                f"deb {TEMPLATE_SECURITY_MIRROR} {DEBIAN_RELEASE}-security main\n")
-    changed |= write_if_changed(etc / "apt/sources.list", sources, 0o644)
+    if write_if_changed(etc / "apt/sources.list", sources, 0o644):
+        changed = True
+        # New sources: the package lists of the old ones go and the cache reads as never updated, so
+        # that the next apt task with a cache_valid_time updates (ansible's apt module dates the cache
+        # by update-success-stamp, else by the lists folder's mtime: modules/apt.py get_cache_mtime).
+        lists = rootfs / "var/lib/apt/lists"
+        for stale in [*lists.glob("*_dists_*"), rootfs / "var/lib/apt/periodic/update-success-stamp"]:
+            stale.unlink(missing_ok=True)
+        if lists.is_dir():
+            os.utime(lists, (0, 0))
     for extra in sorted((etc / "apt/sources.list.d").glob("*")):
         if extra.is_file() and "security.debian.org" in extra.read_text(errors="replace"):
             extra.unlink()

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# While a stage runs, the runner names a file in this variable; a stage appends its progress lines
+# (the model stage's bytes, rate and ETA) and the runner shows the last one live.
+PROGRESS_ENV = "GPUNODE_PROGRESS_FILE"
+
 
 @dataclass
 class StageResult:

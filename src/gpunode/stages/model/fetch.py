@@ -87,15 +87,25 @@ def _hub_error(exc: BaseException, token: str | None) -> Exception:
     return exc if isinstance(exc, Exception) else RuntimeError(text)
 
 
-def remote_manifest(plan: Plan, token: str | None) -> manifests.Manifest:
-    """The revision's files from the Hub: the revision endpoint first (answers within PROBE_TIMEOUT_S
-    whether the Hub is there, the repo and revision exist and the token is taken), then the tree."""
+def probe(plan: Plan, token: str | None) -> Any:
+    """The revision endpoint, answered within PROBE_TIMEOUT_S: whether the Hub is there, the repo and
+    revision exist and the token is taken. Returns the client, for the listing."""
     from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(endpoint=plan.endpoint, token=token or False)
     try:
         api.model_info(plan.repo, revision=plan.revision, timeout=PROBE_TIMEOUT_S)
+    except Exception as exc:
+        raise _hub_error(exc, token) from None
+    return api
+
+
+def remote_manifest(plan: Plan, token: str | None) -> manifests.Manifest:
+    """The revision's files from the Hub's tree listing, after the probe."""
+    from huggingface_hub.hf_api import RepoFile
+
+    api = probe(plan, token)
+    try:
         items = [{"path": f.path, "size": f.size, "blob_id": f.blob_id,
                   "lfs": {"size": f.lfs.size, "sha256": f.lfs.sha256} if f.lfs else None}
                  for f in api.list_repo_tree(plan.repo, revision=plan.revision, recursive=True, expand=False)
@@ -134,8 +144,9 @@ def _escape(path: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
 
 
-def _forget(plan: Plan, path: str) -> None:
-    """Drop a bad file and its local metadata, so that the fetch takes it from the Hub again."""
+def _forget(plan: Plan, man: manifests.Manifest, path: str) -> None:
+    """Drop a bad file, its stamp and its local metadata, so that the fetch takes it from the Hub again."""
+    man.stamps.pop(path, None)
     (plan.weights_dir / path).unlink(missing_ok=True)
     (plan.weights_dir / HF_META / f"{path}.metadata").unlink(missing_ok=True)
 
@@ -214,17 +225,18 @@ def converge(plan: Plan, token: str | None, check_mode: bool, emit: Callable[[di
         out: dict[str, Any] = {"changed": False, "listed": listed, "fetched": [], "fetched_bytes": 0,
                                "total_bytes": man.total_bytes, "files": len(man.files)}
         if check_mode:
-            return {**out, "would_fetch": fetch, "verify": report.as_dict(), "seconds": time.monotonic() - start}
+            return {**out, "would_fetch": fetch, "verify": report.as_dict(), "seconds": round(time.monotonic() - start, 3)}
         plan.weights_dir.mkdir(parents=True, exist_ok=True)
         if listed:
             manifests.save(plan.manifest, man)
         if fetch:
             if not listed:
-                remote_manifest(plan, token)  # the Hub answers (and takes the token) before anything is dropped
+                probe(plan, token)  # the Hub answers (and takes the token) before anything is dropped
             need, _free = preflight(plan, man, fetch)
             for path in fetch:
-                _forget(plan, path)
-            total = sum(entry.size for entry in man.files if entry.path in set(fetch))
+                _forget(plan, man, path)
+            fetching = set(fetch)
+            total = sum(entry.size for entry in man.files if entry.path in fetching)
             emit({"fetching": {"files": len(fetch), "bytes": total, "to_fetch": need}})
             with progress(plan, fetch, total, emit):
                 download(plan, fetch, token)

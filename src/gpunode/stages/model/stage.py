@@ -13,19 +13,21 @@ import json
 import os
 import shlex
 import subprocess
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from gpunode.derive.modelplan import ModelPlan
 from gpunode.ground import exitcodes
+from gpunode.ground.result import PROGRESS_ENV
 from gpunode.hostfile import Ssh
 from gpunode.stages.common import Reach, StageResult, Target
 from gpunode.stages.engine import ssh_base
 
-# The runner names a file here; the stage appends its progress lines to it, the runner shows the last.
-PROGRESS_ENV = "GPUNODE_PROGRESS_FILE"
 SSH_UNREACHABLE = 255  # ssh's own exit status when it could not connect
+NOT_FOUND = 127  # env's status when the tools' interpreter is not there (yet)
 
 
 def target_from_data(host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
@@ -59,7 +61,7 @@ def tool_argv(plan: ModelPlan, verb: str) -> list[str]:
 
 def run_tool(ssh: Ssh, plan: ModelPlan, verb: str, request: dict[str, Any],
              on_line: Callable[[dict[str, Any]], None] = lambda line: None) -> tuple[int, list[dict[str, Any]], str]:
-    """Run the tools' command there with ``request`` on its input; (exit status, its JSON lines, stderr)."""
+    """Run the tools' command there with ``request`` on its input; (exit status, its JSON lines, its stderr's end)."""
     lib = f"{plan.tools_dir}/lib"
     argv: list[str] = tool_argv(plan, verb)
     env: dict[str, str] | None = {**os.environ, "PYTHONPATH": lib}
@@ -70,6 +72,11 @@ def run_tool(ssh: Ssh, plan: ModelPlan, verb: str, request: dict[str, Any],
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    # stderr drained beside stdout: left in its pipe, a long fetch's warnings would fill it and stall
+    # the tools while this waits on stdout. What it said is kept for the failure message (the last lines).
+    other: deque[str] = deque(maxlen=40)
+    drain = threading.Thread(target=lambda: other.extend(line.rstrip() for line in proc.stderr), daemon=True)  # type: ignore[union-attr]
+    drain.start()
     proc.stdin.write(json.dumps(request))
     proc.stdin.close()
     lines: list[dict[str, Any]] = []
@@ -81,8 +88,9 @@ def run_tool(ssh: Ssh, plan: ModelPlan, verb: str, request: dict[str, Any],
         if isinstance(line, dict):
             lines.append(line)
             on_line(line)
-    err = proc.stderr.read()
-    return proc.wait(), lines, err
+    code = proc.wait()
+    drain.join()
+    return code, lines, "\n".join(other)
 
 
 def _gb(n: int) -> str:
@@ -100,7 +108,7 @@ def progress_line(line: dict[str, Any]) -> str | None:
 
 
 def _progress_sink() -> Callable[[dict[str, Any]], None]:
-    path = os.environ.get(PROGRESS_ENV)
+    path = os.environ.get(PROGRESS_ENV)  # the runner's file, which it shows the last line of
 
     def sink(line: dict[str, Any]) -> None:
         text = progress_line(line)
@@ -165,6 +173,10 @@ def run(target: Target, fw: Any, check_mode: bool) -> StageResult:
     if code == SSH_UNREACHABLE and not lines:
         return StageResult(failed=True, unreachable=True,
                            summary=[f"ssh to {ssh.user}@{ssh.address} failed: {' '.join(err.split())[-200:]}"])
+    if check_mode and code == NOT_FOUND and not lines:
+        # The role's install tasks reported what they would do; nothing to verify with yet.
+        return StageResult(summary=[f"model: the tools are not on {where} yet: a real run installs them, then "
+                                    f"fetches what {plan.weights_dir} lacks and verifies it"])
     if not results:
         text = _fail_text(lines, err, code)
         return StageResult(failed=True, unreachable=code == exitcodes.UNREACHABLE, summary=[text])
