@@ -89,7 +89,8 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
             console.print(f"  mount: {escape(model['mount'])}")
         if model["token"]:
             console.print(f"  token: {escape(model['token'])}")
-        console.print(f"  verify: {model['verify']} (README 'The model': what each level reads); tools {escape(model['tools'])}")
+        console.print(f"  verify: {model['verify']} (README 'The model': what each level reads)")
+        console.print(f"  installs: {escape(model['tools'])}")
         console.print(f"  {escape(model['recreate'])}")
 
         server = plan.server

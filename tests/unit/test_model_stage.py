@@ -46,6 +46,12 @@ def problem(tmp_path: Path, **model: Any) -> str:
     ({"source": "node_path", "revision": REV}, "model.revision is for source: hub"),
     ({"source": "host_path"}, "source: host_path needs model.host_path"),
     ({**HUB, "host_path": "/tank/x"}, "model.host_path is for source: host_path"),
+    ({**HUB, "store": "/tank/x,ro=0"}, "a path with ',', '=' cannot be a Proxmox mount point"),
+    ({"path": "/models/a,ro=0"}, "a path with ',', '=' cannot be a Proxmox mount point"),
+    ({"source": "host_path", "host_path": "/tank/a\nlxc.cap.drop:"}, "a path with '\\n' cannot be"),
+    ({"id": "a--b/c"}, "is not a Hub repo id"),
+    ({"id": "org/-rf"}, "is not a Hub repo id"),
+    ({"id": "org/" + "x" * 97}, "is not a Hub repo id"),
 ])
 def test_the_model_sections_rules(tmp_path: Path, model: dict[str, Any], needle: str) -> None:
     assert needle in problem(tmp_path, **model)
@@ -60,6 +66,7 @@ def test_a_hub_model_lives_in_the_store_and_is_mounted_read_only(tmp_path: Path)
         "/models/GLM-5-NVFP4": f"{plan.weights_dir},mp=/models/GLM-5-NVFP4,ro=1"}
     section = model_section(host, derive(host))
     assert section["revision"] == REV and "keeps them" in section["recreate"] and section["verify"] == "sizes"
+    assert section["tools"].startswith("Debian's python3-venv and python3-packaging") and "Proxmox host" in section["tools"]
 
 
 def test_weights_inside_the_node_are_not_mounted_and_plan_says_recreate_destroys_them(tmp_path: Path) -> None:

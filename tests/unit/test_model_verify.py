@@ -159,3 +159,24 @@ def test_a_manifest_is_kept_atomically_and_refuses_another_revision(tmp_path: Pa
 def test_a_repo_path_that_leaves_the_folder_is_not_a_manifest_entry(path: str) -> None:
     with pytest.raises(manifests.ManifestError):
         manifests.FileEntry(path, 1, None, "x")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "folder"])
+def test_a_config_that_is_not_a_file_is_named_and_never_opened(tmp_path: Path, kind: str) -> None:
+    make(tmp_path / "w")
+    config = tmp_path / "w" / "config.json"
+    config.unlink()
+    if kind == "fifo":
+        os.mkfifo(config)  # opening it would wait for a writer forever
+    elif kind == "link":
+        config.symlink_to("/dev/zero")
+    else:
+        config.mkdir()
+    report = check(tmp_path / "w", None, source="node_path")
+    assert any(f.code == "config" and "not a regular file" in f.message for f in report.findings), report.findings
+
+
+def test_a_manifest_that_is_not_a_file_is_refused_unopened(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "rev.manifest.json")
+    with pytest.raises(manifests.ManifestError, match="not a regular file"):
+        manifests.load(tmp_path / "rev.manifest.json", "org/m", "a" * 40)

@@ -201,7 +201,10 @@ def model_section(host: Host, derived: Derived) -> dict[str, Any]:
     return {"source": m.source, "from": where, "repo": m.repo, "revision": m.revision, "token": token,
             "weights_dir": m.weights_dir, "on": m.on, "manifest": m.manifest,
             "mount": f"{m.mount_source} -> {m.mount_target} (read-only mpN)" if m.mount_source else None,
-            "verify": m.verify, "tools": f"{m.tools_dir} on the {'Proxmox host' if m.on == 'host' else 'node'}",
+            "verify": m.verify,
+            # What the stage installs there, said before it acts (README "The model").
+            "tools": (f"Debian's python3-venv and python3-packaging, then a venv with the hash-locked huggingface_hub "
+                      f"and safetensors in {m.tools_dir}, on the {'Proxmox host' if m.on == 'host' else 'node'}"),
             "recreate": ("--recreate-container keeps them: a bind mount's source is not the container's disk"
                          if m.mount_source else
                          "--recreate-container DESTROYS them with the container's disk (model.source: node_path)")}

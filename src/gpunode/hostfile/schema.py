@@ -618,6 +618,13 @@ def _model_dir(value: Path, where: str) -> Path:
     refuses '..' in a mount point path)."""
     if not value.is_absolute():
         raise ValueError(f"{shown(str(value))} must be an absolute path {where}")
+    # The container stage writes it into an mpN, a Proxmox property string: ',' would start another
+    # key (",ro=0" would make the mount writable) and '=' in the volume part would make it a key
+    # (pve-common src/PVE/JSONSchema.pm parse_property_string); control characters end the config line.
+    bad = sorted({c for c in str(value) if c in ",=" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"{shown(str(value))}: a path with {', '.join(repr(c) for c in bad)} cannot be a Proxmox "
+                         "mount point (its mpN line is key=value pairs split at ',')")
     if ".." in value.parts:
         raise ValueError(f"{shown(str(value))}: a path with '..' (Proxmox refuses it in a mount point)")
     if value == Path("/") or any(value == Path(top) or Path(top) in value.parents for top in _NOT_A_MODEL_DIR):
@@ -633,6 +640,21 @@ class Model(Strict):
 
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")]
     path: PathValue  # where the container and the server see the weights
+
+    @field_validator("id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        """The Hub's own rule (huggingface_hub utils/_validators.py validate_repo_id): no '--' or '..',
+        each part starting and ending with a letter or digit, the name at most 96 characters; the store's
+        folder for it is '<org>--<name>', which a '--' in either part would make ambiguous."""
+        org, name = value.split("/")
+        if "--" in value or ".." in value or len(name) > 96 or not all(
+                part[0].isalnum() and part[-1].isalnum() for part in (org, name)):
+            raise ValueError(f"{shown(value, quote=True)} is not a Hub repo id (namespace/name: letters, digits, '-', "
+                             "'_' and '.', no '--' or '..', each part starting and ending with a letter or digit, "
+                             "the name <= 96 characters)")
+        return value
+
     served_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
     # hub: fetched by the model stage into store; host_path: already on the Proxmox host (mounted
     # read-only); node_path: already inside the container at path.

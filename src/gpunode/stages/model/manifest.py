@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,6 +96,8 @@ def parse(text: str, repo: str, revision: str) -> Manifest:
 def load(path: Path, repo: str, revision: str) -> Manifest | None:
     """The manifest at ``path``, or None where there is none yet."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would block the open
+            raise ManifestError(f"{path} is not a regular file")
         with open(path, "rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:

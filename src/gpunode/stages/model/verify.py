@@ -97,6 +97,10 @@ def sha256_of(path: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
+    """A JSON file of the checkpoint: a regular file itself (a FIFO would block the open, a link could
+    point anywhere), at most MAX_JSON_BYTES."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise ValueError("not a regular file (a link, a FIFO, a folder or a device)")
     with open(path, "rb") as handle:
         data = handle.read(MAX_JSON_BYTES + 1)
     if len(data) > MAX_JSON_BYTES:
@@ -104,22 +108,32 @@ def _read_json(path: Path) -> Any:
     return json.loads(data)
 
 
-def _entries(folder: Path, manifest: Manifest | None) -> list[FileEntry]:
+def read_shards(folder: Path) -> dict[str, set[str]] | str:
+    """The shards and the tensors each holds, read once from the index (or every *.safetensors, with
+    no tensors named, where there is none); or why the index does not read."""
+    index = folder / INDEX
+    if not index.is_file():
+        return {p.name: set() for p in folder.glob("*.safetensors")}
+    try:
+        weight_map = _read_json(index)["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not a mapping")
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        return f"not a safetensors index ({type(exc).__name__}: {exc})"
+    shards: dict[str, set[str]] = {}
+    for tensor, shard in weight_map.items():
+        shards.setdefault(str(shard), set()).add(str(tensor))
+    return shards
+
+
+def _entries(folder: Path, manifest: Manifest | None, shards: dict[str, set[str]] | str) -> list[FileEntry]:
     """The files to check: the manifest's, or without one (weights gpunode did not fetch) config.json,
     the index and the shards it names (or every *.safetensors where there is no index)."""
     if manifest is not None:
         return manifest.files
-    names = {CONFIG}
-    index = folder / INDEX
-    if index.is_file():
+    names = {CONFIG, *(shards if isinstance(shards, dict) else ())}
+    if (folder / INDEX).is_file():
         names.add(INDEX)
-        try:
-            weight_map = _read_json(index).get("weight_map") or {}
-            names.update(str(shard) for shard in weight_map.values())
-        except (ValueError, AttributeError, OSError):
-            pass  # the index check names it
-    else:
-        names.update(p.name for p in folder.glob("*.safetensors"))
     out = []
     for name in sorted(names):
         try:
@@ -155,12 +169,12 @@ def _hash_matches(folder: Path, entry: FileEntry) -> tuple[bool, str]:
     return got == entry.blob, f"git blob {got[:12]}..., the Hub's is {entry.blob[:12]}..."
 
 
-def check_files(folder: Path, manifest: Manifest | None, level: str, workers: int, fix: str,
-                report: Report) -> None:
+def check_files(folder: Path, manifest: Manifest | None, shards: dict[str, set[str]] | str, level: str,
+                workers: int, fix: str, report: Report) -> None:
     """Presence, size and (for a manifest) hash: ``full`` hashes every file; ``sizes`` only those
     whose stamp changed since they were last found equal (or that were never hashed)."""
     to_hash: list[tuple[FileEntry, os.stat_result]] = []
-    for entry in _entries(folder, manifest):
+    for entry in _entries(folder, manifest, shards):
         st = _present(folder, entry, report, fix)
         if st is None:
             continue
@@ -192,26 +206,16 @@ def _shard_keys(path: Path) -> set[str]:
         return set(handle.keys())
 
 
-def check_index(folder: Path, fix: str, report: Report) -> None:
+def check_index(folder: Path, shards: dict[str, set[str]] | str, fix: str, report: Report) -> None:
     """Every shard the index names is there, every tensor it lists is in that shard's header, and
     every shard's header reads (a truncated or overwritten header fails here)."""
     index = folder / INDEX
-    shards: dict[str, set[str]] = {}
-    if index.is_file():
-        try:
-            weight_map = _read_json(index)["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not a mapping")
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            report.add(Finding("index", INDEX, f"not a safetensors index ({type(exc).__name__}: {exc})", fix))
-            return
-        for tensor, shard in weight_map.items():
-            shards.setdefault(str(shard), set()).add(str(tensor))
-    else:
-        shards = {p.name: set() for p in folder.glob("*.safetensors")}
-        if not shards:
-            report.add(Finding("index", INDEX, "neither an index nor a *.safetensors file is there", fix))
-            return
+    if isinstance(shards, str):
+        report.add(Finding("index", INDEX, shards, fix))
+        return
+    if not shards:
+        report.add(Finding("index", INDEX, "neither an index nor a *.safetensors file is there", fix))
+        return
     for shard, tensors in sorted(shards.items()):
         try:
             safe_relative(shard)
@@ -278,8 +282,9 @@ def verify(folder: Path, *, manifest: Manifest | None, level: str, workers: int,
             return report
         report.add(Finding("missing", ".", f"the weights folder {folder} is not there", fix))
         return report
-    check_files(folder, manifest, level, workers, fix, report)
-    check_index(folder, fix, report)
+    shards = read_shards(folder)  # the index, read once for both checks
+    check_files(folder, manifest, shards, level, workers, fix, report)
+    check_index(folder, shards, fix, report)
     check_config(folder, architecture, quantization, fix, report)
     report.seconds = clock() - start
     return report
