@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def test_a_fresh_store_is_fetched_whole_and_a_converged_one_needs_no_request(tmp
     for f in src:
         assert (p.weights_dir / f.name).read_bytes() == f.read_bytes(), f.name
     assert first["fetched"] == sorted(f.name for f in src)
-    assert first["verify"]["hashed_files"] == len(first["fetched"]), "every fetched file is hashed once"
+    assert first["hashed_while_fetched"] == len(first["fetched"]), "every fetched file is hashed as it is written"
+    assert first["verify"]["hashed_files"] == 0, "and not read again"
     hub.clear_log()
     second = converge(p)
     assert not second["changed"] and second["verify"]["ok"] and second["fetched"] == []
@@ -119,13 +121,122 @@ def test_a_cut_connection_mid_file_still_ends_whole(tmp_path: Path, hub: Any) ->
     assert (p.weights_dir / SHARD).read_bytes() == (tmp_path / "hub" / REPO / SHARD).read_bytes()
 
 
+@pytest.fixture
+def big_hub(tmp_path: Path):
+    """Shards over huggingface_hub's 10 MiB write chunk (constants.DOWNLOAD_CHUNK_SIZE: http_get writes
+    whole chunks), so that a kill can land with bytes on disk."""
+    made = checkpoint.make(tmp_path / "hub" / REPO, shards=2, shard_bytes=12 << 20)
+    with Hub(tmp_path / "hub") as running:
+        running.commit = made["commit"]  # type: ignore[attr-defined]
+        yield running
+
+
+def test_a_fetch_killed_mid_file_resumes_where_it_stopped(tmp_path: Path, big_hub: Any, tool_lib: Path) -> None:
+    """The command is SIGKILLed with a shard's first 10 MiB chunk written (the Hub holds the rest back):
+    the partial stays, named by the shard's sha256; the next run asks for the rest with a Range from
+    exactly there, gets only the rest, and the shard ends whole and hashed as it came."""
+    hub = big_hub
+    shard = max(repo_files(tmp_path), key=lambda f: f.stat().st_size).name  # fetched first: largest first
+    p = plan(tmp_path, hub, workers=1)
+    data = {"source": "hub", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(p).items()}}
+    chunk = 10 << 20
+    hub.faults({"stall": {"path": shard, "after": chunk + 4096}})
+    proc = subprocess.Popen([sys.executable, "-s", "-m", "gpunode.stages.model", "converge"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(tool_lib)})
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps({"plan": data, "token": None}).encode())
+    proc.stdin.close()
+    size = (tmp_path / "hub" / REPO / shard).stat().st_size
+    parts = p.weights_dir / fetch.PARTIAL
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(f.stat().st_size >= chunk for f in parts.glob("*.part")):
+        assert proc.poll() is None, "the run ended before it was killed"
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(timeout=10)
+    hub.faults({"clear": True})
+    kept = list(parts.glob("*.part"))
+    assert len(kept) == 1 and kept[0].stat().st_size == chunk, kept
+    entry = next(e for e in fetch.manifests.load(p.manifest, REPO, hub.commit).files if e.path == shard)
+    assert kept[0] == fetch.partial_path(p.weights_dir, entry)
+    assert not (p.weights_dir / shard).exists(), "an unfinished file is never in place"
+    hub.clear_log()
+    result = converge(p)
+    assert result["verify"]["ok"] and shard in result["fetched"], result
+    gets = [e for e in hub.log() if e.get("file") == shard and e["method"] == "GET"]
+    assert [(g["range"], g["status"], g["bytes_sent"]) for g in gets] == [(f"bytes={chunk}-", 206, size - chunk)]
+    assert result["hashed_while_fetched"] == len(result["fetched"])
+    assert (p.weights_dir / shard).read_bytes() == (tmp_path / "hub" / REPO / shard).read_bytes()
+    assert not list(parts.glob("*.part")), "the partial became the file"
+
+
+def test_a_partial_of_the_wrong_bytes_is_caught_by_its_hash(tmp_path: Path, hub: Any) -> None:
+    """A partial whose bytes are not the file's (a disk that lied, a hand that wrote there) is resumed,
+    found wrong by the hash taken as it was written, dropped and named; the next run fetches it whole."""
+    p = plan(tmp_path, hub)
+    converge(p)
+    shard = p.weights_dir / SHARD
+    entry = next(e for e in fetch.manifests.load(p.manifest, REPO, hub.commit).files if e.path == SHARD)
+    shard.unlink()
+    part = fetch.partial_path(p.weights_dir, entry)
+    part.write_bytes(b"\0" * 1000)
+    with pytest.raises(fetch.HubRefused, match=f"{SHARD} came with hash .* not the revision's {entry.sha256}"):
+        converge(p)
+    assert not part.exists() and not shard.exists()
+    again = converge(p)
+    assert again["verify"]["ok"] and again["fetched"] == [SHARD]
+
+
+def test_stale_partials_are_dropped_before_a_fetch(tmp_path: Path, hub: Any) -> None:
+    """huggingface_hub's per-process .incomplete of a killed run and a partial of no file of the
+    revision can never be resumed: they are removed, not left to fill the store."""
+    p = plan(tmp_path, hub)
+    converge(p)
+    stale_hf = p.weights_dir / fetch.HF_META / f"{SHARD}.0123abcd.incomplete"
+    stale_ours = p.weights_dir / fetch.PARTIAL / f"{'0' * 64}.part"
+    for stale in (stale_hf, stale_ours):
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.write_bytes(b"x" * 10)
+    (p.weights_dir / SHARD).unlink()
+    assert converge(p)["fetched"] == [SHARD]
+    assert not stale_hf.exists() and not stale_ours.exists()
+
+
+def test_a_file_the_endpoint_offers_through_xet_goes_to_hf_xet(tmp_path: Path, hub: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the HEAD carries Xet data (utils/_xet.py parse_xet_file_data_from_response), the file goes
+    through hf_hub_download (and so hf_xet) and is hashed by the verify after it; the rest stay on HTTP."""
+    import huggingface_hub
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import XetFileData
+
+    real_meta, real_download = file_download.get_hf_file_metadata, huggingface_hub.hf_hub_download
+    xet: list[str] = []
+
+    def meta(url: str, **kw: Any) -> Any:
+        got = real_meta(url, **kw)
+        return replace(got, xet_file_data=XetFileData("0" * 64, "http://127.0.0.1:9/xet")) if SHARD in url else got
+
+    def download(repo: str, filename: str, **kw: Any) -> str:
+        xet.append(filename)
+        monkeypatch.setattr(file_download, "get_hf_file_metadata", real_meta)  # the library's own path from here
+        return real_download(repo, filename, **kw)
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", meta)
+    monkeypatch.setattr(file_download, "is_xet_available", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    result = converge(plan(tmp_path, hub, workers=1))
+    assert xet == [SHARD] and result["verify"]["ok"], result
+    assert result["hashed_while_fetched"] == len(result["fetched"]) - 1 and result["verify"]["hashed_files"] == 1
+
+
 def test_progress_lines_say_bytes_rate_and_eta(tmp_path: Path, hub: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "PROGRESS_EVERY_S", 0.01)
     real = fetch.download
 
-    def slow(*args: Any) -> None:
+    def slow(*args: Any) -> Any:
         time.sleep(0.1)
-        real(*args)
+        return real(*args)
     monkeypatch.setattr(fetch, "download", slow)
     lines: list[dict[str, Any]] = []
     converge(plan(tmp_path, hub), lines=lines)

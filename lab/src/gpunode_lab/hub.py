@@ -667,13 +667,23 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         headers["Content-Length"] = str(end - start)
         count = end - start
-        cut = self.server.hub._take_cut(entry) if self.command == "GET" else None
+        hub = self.server.hub
+        cut = hub._take_fault(hub._cuts, entry) if self.command == "GET" else None
+        stall = hub._take_fault(hub._stalls, entry) if self.command == "GET" else None
         with open(entry.local, "rb") as f:
             self._send(status, headers)
             if self.command == "HEAD":
                 return
             if cut is not None and cut < count:
                 count, self._cut = cut, True
+            if stall is not None and stall < count:
+                # N bytes, then nothing until the client goes (a killed download) or the lab lets go
+                f.seek(start)
+                self.connection.sendall(f.read(stall))
+                self._sent = stall
+                hub._unstall.wait()
+                self._cut, self.close_connection = True, True
+                return
             # 1 MiB reads and sendall: on the loopback this measured ~1.8 GiB/s against socket.sendfile's
             # ~1.5 and http.server's ~1.6 (curl to /dev/null, 2 GiB file, page-cached)
             f.seek(start)
@@ -780,6 +790,8 @@ class Hub:
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
         self._cuts: dict[str, int] = {}
+        self._stalls: dict[str, int] = {}
+        self._unstall = threading.Event()
         self._blobs: dict[str, RepoEntry] = {}
         self._params: dict[tuple[str, int, int], dict[str, int]] = {}
         self._server: _Server | None = None
@@ -803,6 +815,7 @@ class Hub:
         server, self._server = self._server, None
         if server is None:
             return
+        self._unstall.set()
         server.shutdown()
         with server.connections_lock:
             for conn in list(server.connections):
@@ -844,20 +857,28 @@ class Hub:
     def faults(self, spec: dict[str, Any]) -> None:
         """``{"cut": {"path": P, "after": N}}``: the next GET body of file P (a repo path, or its tail after a
         "/"; of any repo) sends N bytes, then the connection closes, once. ``{"token": "..."}`` / ``{"token":
-        null}``: require that token from now on / no longer. ``{"clear": true}``: drop pending cuts (the
-        token stays as set). Keys combine; clear runs first."""
+        null}``: require that token from now on / no longer. ``{"stall": {"path": P, "after": N}}``: the next GET
+        body of P sends N bytes, then holds the connection open, silent, until the client goes or the stall is
+        cleared (a download killed mid-file). ``{"clear": true}``: drop pending cuts and stalls and let held
+        connections go (the token stays as set). Keys combine; clear runs first."""
         if not isinstance(spec, dict):
             raise TypeError("a JSON object")
         with self._lock:
             if spec.get("clear"):
                 self._cuts.clear()
-            if "cut" in spec:
-                cuts = spec["cut"] if isinstance(spec["cut"], list) else [spec["cut"]]
-                for cut in cuts:
-                    after = int(cut["after"])
+                self._stalls.clear()
+                self._unstall.set()
+            for key, pending in (("cut", self._cuts), ("stall", self._stalls)):
+                if key not in spec:
+                    continue
+                items = spec[key] if isinstance(spec[key], list) else [spec[key]]
+                for item in items:
+                    after = int(item["after"])
                     if after < 0:
                         raise ValueError("after must be >= 0")
-                    self._cuts[str(cut["path"]).strip("/")] = after
+                    pending[str(item["path"]).strip("/")] = after
+                if key == "stall":
+                    self._unstall.clear()
             if "token" in spec:
                 token = spec["token"]
                 if token is not None and (not isinstance(token, str) or not token):
@@ -867,13 +888,14 @@ class Hub:
     def fault_state(self) -> dict[str, Any]:
         with self._lock:
             return {"cuts": [{"path": p, "after": n} for p, n in sorted(self._cuts.items())],
+                    "stalls": [{"path": p, "after": n} for p, n in sorted(self._stalls.items())],
                     "token": self.token is not None}
 
-    def _take_cut(self, entry: RepoEntry) -> int | None:
+    def _take_fault(self, pending: dict[str, int], entry: RepoEntry) -> int | None:
         with self._lock:
-            for key in list(self._cuts):
+            for key in list(pending):
                 if entry.path == key or entry.path.endswith("/" + key):
-                    return self._cuts.pop(key)
+                    return pending.pop(key)
         return None
 
     def _record(self, item: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@ found where the host file says they already are) and proven whole before the ser
 
 - ``manifest``: the revision's files with sizes and the Hub's hashes, kept beside the weights;
 - ``verify``: presence, sizes, sha256, safetensors headers, the index, config.json;
-- ``fetch``: huggingface_hub's snapshot_download of what is missing, after a disk preflight;
+- ``fetch``: what is missing, through huggingface_hub's http_get into partials that a killed run
+  resumes (hf_xet where the endpoint offers it), after a disk preflight;
 - ``__main__``: the command the stage runs on the machine that holds the weights (the model tools);
 - ``stage``: where gpunode runs: the tools' command over SSH, its progress and its record.
 

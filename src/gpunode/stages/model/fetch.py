@@ -2,9 +2,15 @@
 
 One ``converge`` per run: the manifest kept beside the weights says what the revision holds (read
 from the Hub's tree listing once, so that a converged node needs no network at all); the files
-that are missing, short or not the revision's are fetched again with ``snapshot_download`` into
-``local_dir`` (resumable: an interrupted file goes on from its ``.incomplete`` part with a Range
-request), after a disk preflight against the store's free space; then everything is verified.
+that are missing, short or not the revision's are fetched again, after a disk preflight against the
+store's free space; then everything is verified.
+
+A file fetched over plain HTTP goes through huggingface_hub's own ``http_get`` into a partial file of
+ours, named by the hash the revision lists and hashed as it is written, so that a run killed mid-file
+goes on from the partial's size with a ``Range`` request and the file is proven as it lands.
+huggingface_hub (since 1.11, PR #4228; issue #4196 is open) downloads into a per-process temporary file
+and deletes it on failure, so its own downloads start a killed file over. A file the endpoint offers
+through Xet (a ``X-Xet-Hash`` on the HEAD) goes through ``hf_hub_download`` and hf_xet.
 
 Runs with the model tools on the machine that holds the weights (``python -m gpunode.stages.model``).
 """
@@ -12,21 +18,28 @@ Runs with the model tools on the machine that holds the weights (``python -m gpu
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from gpunode.stages.model import manifest as manifests
+from gpunode.stages.model.manifest import FileEntry, Stamp
 from gpunode.stages.model.verify import Report, verify
 
 PROBE_TIMEOUT_S = 10.0  # the Hub's first answer; an unreachable one fails inside 15 s
 PROGRESS_EVERY_S = 1.0
 HF_META = Path(".cache") / "huggingface" / "download"  # huggingface_hub's local_dir metadata (_local_folder.py)
+PARTIAL = Path(".cache") / "gpunode" / "partial"  # our unfinished files, <hash>.part, kept across runs
+HASH_CHUNK = 8 << 20
 
 
 class HubUnreachable(Exception):
@@ -115,16 +128,35 @@ def remote_manifest(plan: Plan, token: str | None) -> manifests.Manifest:
     return manifests.from_tree(plan.repo, plan.revision, items)
 
 
-def _partial_bytes(folder: Path) -> int:
-    """Bytes already in huggingface_hub's unfinished downloads (resumed, not fetched again)."""
+def partial_path(folder: Path, entry: FileEntry) -> Path:
+    """Where a file's unfinished bytes wait: named by the hash the revision lists for it, so that a
+    partial is only ever resumed into the very content it was begun for."""
+    return folder / PARTIAL / f"{entry.sha256 or entry.blob}.part"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _partial_bytes(folder: Path, entries: list[FileEntry]) -> int:
+    """Bytes already fetched of these files and kept (resumed, not fetched again), at most each size."""
+    return sum(min(_size(partial_path(folder, entry)), entry.size) for entry in entries)
+
+
+def _in_flight_bytes(folder: Path) -> int:
+    """Bytes in huggingface_hub's own unfinished downloads (the Xet path's)."""
     meta = folder / HF_META
-    return sum(p.stat().st_size for p in meta.rglob("*.incomplete")) if meta.is_dir() else 0
+    return sum(_size(p) for p in meta.rglob("*.incomplete")) if meta.is_dir() else 0
 
 
 def preflight(plan: Plan, man: manifests.Manifest, paths: list[str]) -> tuple[int, int]:
     """(bytes still to fetch, bytes free in the store); raises StoreTooSmall naming both."""
-    sizes = {entry.path: entry.size for entry in man.files}
-    need = max(0, sum(sizes[p] for p in paths) - _partial_bytes(plan.weights_dir))
+    wanted = set(paths)
+    entries = [entry for entry in man.files if entry.path in wanted]
+    need = max(0, sum(entry.size for entry in entries) - _partial_bytes(plan.weights_dir, entries))
     where = plan.weights_dir
     while not where.exists():
         where = where.parent
@@ -139,11 +171,6 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB ({n} bytes)"
 
 
-def _escape(path: str) -> str:
-    """A repo path as an fnmatch pattern that matches only itself (allow_patterns are fnmatch's)."""
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
-
-
 def _forget(plan: Plan, man: manifests.Manifest, path: str) -> None:
     """Drop a bad file, its stamp and its local metadata, so that the fetch takes it from the Hub again."""
     man.stamps.pop(path, None)
@@ -151,26 +178,21 @@ def _forget(plan: Plan, man: manifests.Manifest, path: str) -> None:
     (plan.weights_dir / HF_META / f"{path}.metadata").unlink(missing_ok=True)
 
 
-def _on_disk(folder: Path, paths: list[str]) -> int:
-    total = 0
-    for path in paths:
-        try:
-            total += (folder / path).stat().st_size
-        except OSError:
-            pass
-    return total + _partial_bytes(folder)
+def _on_disk(folder: Path, entries: list[FileEntry]) -> int:
+    return sum(_size(folder / entry.path) for entry in entries) + _partial_bytes(folder, entries) \
+        + _in_flight_bytes(folder)
 
 
 @contextmanager
-def progress(plan: Plan, paths: list[str], total: int, emit: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """A progress line each second (bytes, rate, ETA), read from the disk: what huggingface_hub
-    has written of the files being fetched, finished or not."""
+def progress(plan: Plan, entries: list[FileEntry], total: int, emit: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """A progress line each second (bytes, rate, ETA), read from the disk: what has been written of
+    the files being fetched, finished or not."""
     stop = threading.Event()
-    start, base = time.monotonic(), _on_disk(plan.weights_dir, paths)
+    start, base = time.monotonic(), _on_disk(plan.weights_dir, entries)
 
     def tick() -> None:
         while not stop.wait(PROGRESS_EVERY_S):
-            done = _on_disk(plan.weights_dir, paths)
+            done = _on_disk(plan.weights_dir, entries)
             rate = (done - base) / max(time.monotonic() - start, 1e-6)
             emit({"progress": {"bytes": done, "total": total, "rate": round(rate),
                                "eta_s": round((total - done) / rate) if rate > 0 else None}})
@@ -184,15 +206,118 @@ def progress(plan: Plan, paths: list[str], total: int, emit: Callable[[dict[str,
         thread.join()
 
 
-def download(plan: Plan, paths: list[str], token: str | None) -> None:
-    """snapshot_download of exactly these files of the pinned revision into the weights folder."""
-    from huggingface_hub import snapshot_download
+class _HashingWriter:
+    """The partial file as ``http_get`` writes it: each byte hashed as it is written. ``http_get`` seeks
+    to 0 and truncates when a server answers a Range with the whole file: the hash starts over then."""
 
-    try:
-        snapshot_download(plan.repo, revision=plan.revision, local_dir=plan.weights_dir, endpoint=plan.endpoint,
-                          token=token or False, max_workers=plan.workers, allow_patterns=[_escape(p) for p in paths])
-    except Exception as exc:
-        raise _hub_error(exc, token) from None
+    def __init__(self, handle: Any, entry: FileEntry) -> None:
+        self.handle, self.entry = handle, entry
+        self.digest = self._fresh()
+        handle.seek(0)
+        while chunk := handle.read(HASH_CHUNK):  # the bytes kept from an earlier run, read once
+            self.digest.update(chunk)
+
+    def _fresh(self) -> Any:
+        if self.entry.sha256:
+            return hashlib.sha256()
+        return hashlib.sha1(f"blob {self.entry.size}\0".encode())  # the git blob id the Hub lists
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.handle.write(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) != (0, 0):
+            raise OSError("only a restart from 0 is expected of http_get")
+        self.digest = self._fresh()
+        return self.handle.seek(0)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self.handle.truncate(size)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _fetch_file(plan: Plan, entry: FileEntry, token: str | None) -> Stamp | None:
+    """One file of the pinned revision into place; its stamp when it was hashed as it was written."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url, http_get, is_xet_available
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(plan.repo, entry.path, revision=plan.revision, endpoint=plan.endpoint)
+    meta = get_hf_file_metadata(url, token=token or False, timeout=PROBE_TIMEOUT_S, endpoint=plan.endpoint)
+    if meta.commit_hash is not None and meta.commit_hash != plan.revision:
+        raise HubRefused(f"the Hub answered {entry.path} from commit {meta.commit_hash}, not the pinned {plan.revision}")
+    if meta.xet_file_data is not None and is_xet_available():
+        hf_hub_download(plan.repo, entry.path, revision=plan.revision, local_dir=plan.weights_dir,
+                        endpoint=plan.endpoint, token=token or False, etag_timeout=PROBE_TIMEOUT_S)
+        return None  # verify hashes it
+    headers = build_hf_headers(token=token or False)
+    if urlparse(meta.location).netloc != urlparse(url).netloc:
+        headers.pop("authorization", None)  # a CDN's signed URL takes no token (as hf_hub_download does)
+    part = partial_path(plan.weights_dir, entry)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with open(part, "a+b") as handle:
+        if handle.seek(0, os.SEEK_END) > entry.size:
+            handle.truncate(0)  # longer than the file can be: not ours to resume
+        resume = handle.tell()
+        writer = _HashingWriter(handle, entry)
+        handle.seek(resume)
+        http_get(meta.location, writer, resume_size=resume, headers=headers,  # type: ignore[arg-type]
+                 expected_size=entry.size, displayed_filename=entry.path)
+        handle.flush()
+        os.fsync(handle.fileno())
+    got, want = writer.hexdigest(), entry.sha256 or entry.blob
+    if got != want:
+        part.unlink(missing_ok=True)
+        raise HubRefused(f"{entry.path} came with hash {got}, not the revision's {want}: dropped, "
+                         "the next provision fetches it again")
+    target = plan.weights_dir / entry.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(part, 0o644)
+    os.replace(part, target)
+    return Stamp.of(os.stat(target))
+
+
+def download(plan: Plan, entries: list[FileEntry], token: str | None) -> dict[str, Stamp]:
+    """Exactly these files of the pinned revision into the weights folder, ``workers`` at a time, the
+    largest first; the stamps of those hashed as they were written."""
+    stamps: dict[str, Stamp] = {}
+    with ThreadPoolExecutor(max_workers=max(1, plan.workers), thread_name_prefix="fetch") as pool:
+        futures = {pool.submit(_fetch_file, plan, entry, token): entry
+                   for entry in sorted(entries, key=lambda e: (-e.size, e.path))}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+        for future in done | pending:
+            if future.cancelled():
+                continue
+            try:
+                stamp = future.result()
+            except Exception as exc:
+                raise _hub_error(exc, token) from None
+            if stamp is not None:
+                stamps[futures[future].path] = stamp
+    return stamps
+
+
+def _drop_stale(plan: Plan, man: manifests.Manifest) -> None:
+    """What no run can reuse: huggingface_hub's per-process ``*.incomplete`` files of a killed run, and
+    partials of ours whose hash the revision no longer needs."""
+    meta = plan.weights_dir / HF_META
+    if meta.is_dir():
+        for stale in meta.rglob("*.incomplete"):
+            stale.unlink(missing_ok=True)
+    folder = plan.weights_dir / PARTIAL
+    if folder.is_dir():
+        keep = {partial_path(plan.weights_dir, entry).name for entry in man.files}
+        for stale in folder.iterdir():
+            if stale.name not in keep:
+                stale.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -232,18 +357,21 @@ def converge(plan: Plan, token: str | None, check_mode: bool, emit: Callable[[di
         if fetch:
             if not listed:
                 probe(plan, token)  # the Hub answers (and takes the token) before anything is dropped
+            _drop_stale(plan, man)
             need, _free = preflight(plan, man, fetch)
             for path in fetch:
                 _forget(plan, man, path)
             fetching = set(fetch)
-            total = sum(entry.size for entry in man.files if entry.path in fetching)
+            entries = [entry for entry in man.files if entry.path in fetching]
+            total = sum(entry.size for entry in entries)
             emit({"fetching": {"files": len(fetch), "bytes": total, "to_fetch": need}})
-            with progress(plan, fetch, total, emit):
-                download(plan, fetch, token)
-            out.update(changed=True, fetched=fetch, fetched_bytes=need)
+            with progress(plan, entries, total, emit):
+                streamed = download(plan, entries, token)
+            out.update(changed=True, fetched=fetch, fetched_bytes=need, hashed_while_fetched=len(streamed))
+            man.stamps = {**man.stamps, **streamed}
         man.stamps = {**man.stamps, **report.stamps}
         if fetch:
-            # The fetched files are hashed now (full for them: nothing proves them yet).
+            # What was not hashed as it came (the Xet path's) is hashed now: nothing proves it yet.
             report = check(plan, man, "sizes")
         man.stamps = {**man.stamps, **report.stamps}
         if man.stamps != kept or listed or fetch:
