@@ -320,7 +320,7 @@ def test_an_unknown_repo_is_repository_not_found(hub: Hub, tmp_path: Path) -> No
 
 def test_a_missing_or_wrong_token_gets_the_clients_error_and_never_shows_the_token(
         hub: Hub, root: Path, tmp_path: Path) -> None:
-    assert lab(hub, "POST", "/_lab/faults", {"token": SECRET}) == {"cuts": [], "token": True}
+    assert lab(hub, "POST", "/_lab/faults", {"token": SECRET}) == {"cuts": [], "stalls": [], "token": True}
     cache = tmp_path / "cache"
     with pytest.raises(GatedRepoError) as missing:
         snapshot_download(REPO, local_dir=tmp_path / "a", cache_dir=cache, endpoint=hub.url, token=False)

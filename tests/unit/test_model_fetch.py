@@ -155,7 +155,10 @@ def test_a_fetch_killed_mid_file_resumes_where_it_stopped(tmp_path: Path, big_hu
         time.sleep(0.02)
     proc.kill()
     proc.wait(timeout=10)
-    hub.faults({"clear": True})
+    hub.faults({"clear": True})  # the held answer ends; wait for its log entry, so that it is not the rerun's
+    deadline = time.monotonic() + 10
+    while not any(e.get("file") == shard and e["cut"] for e in hub.log()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     kept = list(parts.glob("*.part"))
     assert len(kept) == 1 and kept[0].stat().st_size == chunk, kept
     entry = next(e for e in fetch.manifests.load(p.manifest, REPO, hub.commit).files if e.path == shard)

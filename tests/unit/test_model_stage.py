@@ -23,7 +23,9 @@ HUB = {"source": "hub", "revision": REV, "store": "/tank/models"}
 
 def host_with(tmp_path: Path, **model: Any) -> hostfile.Host:
     data = yaml.safe_load((ROOT / "inventory/lab/host.yml").read_text())
-    data["hosts"][0]["model"].update(model)
+    lab = data["hosts"][0]["model"]
+    # From the lab's model without where its weights come from (the lab fetches from its Hub): node_path.
+    data["hosts"][0]["model"] = {**{k: lab[k] for k in ("id", "path", "served_name")}, **model}
     path = tmp_path / "host.yml"
     path.write_text(yaml.safe_dump(data))
     return hostfile.load(path).hosts[0]

@@ -22,7 +22,7 @@ from gpunode_lab.engine import docker_running, ensure_docker
 from gpunode_lab.fakepve import ensure_pve, pve_answers, stop_pve
 from gpunode_lab.network import bridge_state, ensure_network, iptables_rules, remove_network
 from gpunode_lab.util import locked, lxc, noop, ok, require_commands, require_root, run, write_if_changed
-from gpunode_lab import kernels
+from gpunode_lab import hubservice, kernels
 
 def _info(uvm: int, changed: list[str], seconds: float) -> LabInfo:
     return LabInfo(
@@ -59,12 +59,14 @@ def up(progress: Progress = noop) -> LabInfo:
             suffix = "" if site == SITE else f"@{site.name}"
             if ensure_container(progress, site.gpu, uvm):
                 changed.append("container" + suffix)
-            if ensure_model_stand_in(progress, site.gpu):
+            if ensure_model_stand_in(progress, site.gpu, wanted=not site.hub):
                 changed.append("model" + suffix)
             if ensure_pve(progress, site):
                 changed.append("fakepve" + suffix)
             if ensure_container(progress, site.host, uvm):
                 changed.append("host_container" + suffix)
+            if site.hub and hubservice.ensure(progress, site.host):
+                changed.append("hub" + suffix)
             if kernels.ensure(progress, site.host.ip, repair=site.kernels):
                 changed.append("kernels" + suffix)
     seconds = time.monotonic() - start

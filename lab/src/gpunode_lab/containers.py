@@ -182,14 +182,22 @@ def _ensure_rootfs(progress: Progress, ct: LabContainer, pubkey: str) -> bool:
     return changed
 
 
-def ensure_model_stand_in(progress: Progress, ct: LabContainer) -> bool:
+def ensure_model_stand_in(progress: Progress, ct: LabContainer, wanted: bool = True) -> bool:
+    """The lab's checkpoint in the node at LAB_MODEL_DIR (model.source: node_path); where the site's host
+    file fetches from the lab Hub instead, none: a leftover under the store's mount would hide a
+    mount that is missing."""
     folder = ct.rootfs / LAB_MODEL_DIR.lstrip("/")
     changed = False
     from gpunode_lab.weights import files
 
     for name, data in files().items():
-        changed |= write_if_changed(folder / name, data, 0o644)
-    progress(f"container: {ct.name} model stand-in {LAB_MODEL_DIR} " + ("written" if changed else "in place"))
+        if wanted:
+            changed |= write_if_changed(folder / name, data, 0o644)
+        elif (folder / name).is_file():
+            (folder / name).unlink()
+            changed = True
+    state = ("written" if changed else "in place") if wanted else ("removed" if changed else "none (the store's mount)")
+    progress(f"container: {ct.name} model stand-in {LAB_MODEL_DIR} {state}")
     return changed
 
 

@@ -53,9 +53,23 @@ PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3
 MASKED_UNITS = ("systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
                 "systemd-udevd-control.socket", "systemd-udevd-kernel.socket")
 
-# The model folder of inventory/lab/host.yml (model.source: node_path), made in the node: the lab's
-# checkpoint (gpunode_lab.weights), which the model stage verifies and the stand-in server reads.
+# The model folder in the lab's nodes: the store's revision mounted there (the first site), or the lab's
+# checkpoint (gpunode_lab.weights) made in the node (model.source: node_path, the second site); the
+# model stage verifies it and the stand-in server reads it.
 LAB_MODEL_DIR = "/models/GLM-5-NVFP4"
+
+# The Hub of inventory/lab/host.yml (model.source: hub): gpunode_lab.hub, a systemd service on the lab
+# Proxmox host's loopback (stdlib only, run by the host's python3), serving a checkpoint made by
+# gpunode_lab.checkpoint; the model stage fetches it from there into the store on that host, which the
+# container stage mounts at LAB_MODEL_DIR in the node.
+HUB_PORT = 8731
+HUB_URL = f"http://127.0.0.1:{HUB_PORT}"
+HUB_CODE = "/opt/gpunode-lab-hub/hub.py"
+HUB_ROOT = "/srv/gpunode-lab-hub"
+HUB_REPO = "lukealonso/GLM-5-NVFP4"
+HUB_UNIT = "gpunode-lab-hub.service"
+HUB_SHARDS, HUB_SHARD_BYTES = 3, 1 << 20
+LAB_STORE = "/srv/gpunode-models"
 
 NVIDIA_MAJOR = GPU_MAJOR  # the fake nodes carry the driver's numbers
 UVM_MAJOR_RANGE = range(234, 255)  # pick the highest char major in 234..254 not in /proc/devices
@@ -154,6 +168,9 @@ class LabSite:
     # The kernel repair's scenario lives here (a kernel left without headers or module); else one
     # stand-in kernel with its DKMS module built.
     kernels: bool = False
+    # Its host runs the lab's Hub and its host file fetches from there (model.source: hub); else the
+    # node holds the lab's checkpoint itself (model.source: node_path).
+    hub: bool = False
 
     @property
     def pve_url(self) -> str:
@@ -194,7 +211,7 @@ class LabSite:
 
 # The first site is the lab of inventory/lab/host.yml; the second makes inventory/lab/fleet.yml a
 # fleet of two hosts (the kernel repair's stand-ins stay on the first).
-SITE = LabSite("pve-lab", GPU_CONTAINER, HOST_CONTAINER, PVE_HOST, PVE_DIR, kernels=True)
+SITE = LabSite("pve-lab", GPU_CONTAINER, HOST_CONTAINER, PVE_HOST, PVE_DIR, kernels=True, hub=True)
 SITE2 = LabSite("pve-lab2", LabContainer("gpunode-lab2", "10.0.3.12", "gpunode-lab2"),
                 LabContainer("gpunode-lab-host2", "10.0.3.13", "gpunode-lab-host2", HOST_CONTAINER_PACKAGES, facts=True),
                 "127.0.0.3", LAB_DIR / "pve2")

@@ -10,6 +10,8 @@ import pytest
 
 from gpunode.checks import tail
 from gpunode.checks.conftest import _groups, node_record
+from gpunode.derive.modelplan import ModelPlan
+from gpunode.stages.model.stage import stale_mount
 
 FIX = "run `gpunode provision --tags model`"
 
@@ -50,3 +52,17 @@ def test_model_record(gpu_node: Any, gpunode_derived: dict[str, Any]) -> None:
         f"the record is of {record['repo']} at {record['revision']} in {record['weights_dir']}, the host file's is "
         f"{model['repo']} at {model['revision']} in {model['weights_dir']} -> {FIX}")
     assert record["ok"], f"the model stage did not verify it: {'; '.join(record['findings'])} -> {FIX}"
+
+
+def test_model_mount_is_live(gpu_node: Any, gpunode_derived: dict[str, Any], gpunode_host: dict[str, Any]) -> None:
+    """The node's weights folder is the store's, not one deleted on the host while the container ran
+    (a bind mount keeps the deleted folder: no links, empty to the server)."""
+    model = gpunode_derived["model"]
+    if model["mount_source"] is None:
+        pytest.skip("not-in-layer: the weights are in the container itself (model.source: node_path), not mounted")
+    links = gpu_node.run("stat -c %%h -- %s", model["mount_target"])
+    assert links.rc == 0, f"{model['mount_target']} is not on the node ({tail(links.stderr)}) -> {FIX}"
+    stale = stale_mount(ModelPlan.model_validate(model), int(gpunode_host["container"]["vmid"]),
+                        int(links.stdout) if links.stdout.strip().isdigit() else None)
+    assert stale is None, stale
+

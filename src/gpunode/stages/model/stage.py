@@ -93,8 +93,12 @@ def run_tool(ssh: Ssh, plan: ModelPlan, verb: str, request: dict[str, Any],
     return code, lines, "\n".join(other)
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+def _gb(n: float) -> str:
+    """Bytes the way a reader takes them in: GB for a checkpoint, MB or kB for a small one."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 1e3:.1f} kB"
 
 
 def progress_line(line: dict[str, Any]) -> str | None:
@@ -120,13 +124,14 @@ def _progress_sink() -> Callable[[dict[str, Any]], None]:
 
 def record(plan: ModelPlan, result: dict[str, Any]) -> dict[str, Any]:
     """What the node keeps in /etc/gpunode/model.json: which revision, where, and whether it was
-    proven whole (the serve stage refuses to start otherwise; ``gpunode check`` re-reads it)."""
+    proven whole (the serve stage refuses to start otherwise; ``gpunode check`` re-reads it). Not what
+    this run fetched: that is the run's output, and kept here it would make the run after a fetch
+    rewrite the record, so that a converged node would not read as unchanged."""
     verify = result.get("verify") or {}
     return {"ok": bool(verify.get("ok")), "source": plan.source, "repo": plan.repo, "revision": plan.revision,
             "weights_dir": plan.weights_dir, "mount_target": plan.mount_target, "level": verify.get("level"),
             "files": verify.get("files"), "bytes": verify.get("bytes"),
-            "findings": [f"{f['code']} {f['subject']}: {f['message']}" for f in verify.get("findings", [])],
-            "fetched": result.get("fetched", []), "fetched_bytes": result.get("fetched_bytes", 0)}
+            "findings": [f"{f['code']} {f['subject']}: {f['message']}" for f in verify.get("findings", [])]}
 
 
 def summary(plan: ModelPlan, where: str, result: dict[str, Any]) -> list[str]:
@@ -146,6 +151,8 @@ def summary(plan: ModelPlan, where: str, result: dict[str, Any]) -> list[str]:
         lines.append(f"fetched {len(result['fetched'])} files ({_gb(result.get('fetched_bytes', 0))}) in {seconds:.1f} s "
                      f"({_gb(rate)}/s)" + (f": {', '.join(result['fetched'][:5])}" if len(result["fetched"]) <= 5 else ""))
     hashed = f", {verify.get('hashed_files', 0)} hashed ({_gb(verify.get('hashed_bytes') or 0)})"
+    if result.get("hashed_while_fetched"):
+        hashed += f", {result['hashed_while_fetched']} hashed as fetched"
     state = "verified" if verify.get("ok") else "NOT verified"
     lines.append(f"{state} ({verify.get('level')}{hashed}): {head}")
     return lines[-1:] + lines[:-1] if verify.get("ok") else lines
@@ -207,3 +214,28 @@ def refusal(plan: ModelPlan, text: str | None) -> str | None:
         found = "; ".join(str(f) for f in (record.get("findings") or [])[:3]) or "not verified"
         return f"the weights in {plan.weights_dir} are not whole: {found}: {fix}"
     return None
+
+
+def stale_mount(plan: ModelPlan, vmid: int, links: int | None) -> str | None:
+    """Why the node's weights are not the store's, though the record says verified: the folder was
+    deleted (or replaced) on the Proxmox host while the container ran, and the bind mount still holds
+    the deleted one, with no links and empty to the server. Only a new mount (a container restart)
+    sees the store's folder again. None where there is no mount or it is live."""
+    if plan.mount_source is None or links is None or links > 0:
+        return None
+    return (f"{plan.mount_target} on the node is a folder deleted on the Proxmox host since the container started "
+            f"(its bind mount keeps the deleted one, not {plan.mount_source}): restart the container "
+            f"(pct reboot {vmid} on the Proxmox host), then run `gpunode provision`")
+
+
+def link_count(ssh: Ssh, path: str, timeout_s: float = 20.0) -> int | None:
+    """A folder's link count on the node (0: deleted, yet mounted), or None where it is not there."""
+    if ssh.connection == "local":
+        try:
+            return os.stat(path).st_nlink
+        except FileNotFoundError:
+            return None
+    proc = subprocess.run(ssh_base(ssh) + ["stat -c %h -- " + shlex.quote(path)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout_s)
+    return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+

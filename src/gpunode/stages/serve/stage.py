@@ -25,10 +25,12 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
     from gpunode.stages.engine import read_file
-    from gpunode.stages.model.stage import RECORD, refusal
+    from gpunode.stages.model.stage import RECORD, link_count, refusal, stale_mount
 
     # Never a server on weights the model stage did not prove whole: it would die loading them, minutes in.
-    refused = refusal(target.derived.model, read_file(target.host.container.reach, RECORD))
+    plan, node = target.derived.model, target.host.container.reach
+    refused = refusal(plan, read_file(node, RECORD)) or stale_mount(
+        plan, target.host.container.vmid, link_count(node, plan.mount_target))
     if refused is not None:
         return StageResult(failed=True, summary=[f"serve: refused: {refused}"])
     buffer = io.StringIO()
