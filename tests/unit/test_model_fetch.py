@@ -191,6 +191,24 @@ def test_a_partial_of_the_wrong_bytes_is_caught_by_its_hash(tmp_path: Path, hub:
     assert again["verify"]["ok"] and again["fetched"] == [SHARD]
 
 
+@pytest.mark.parametrize("kept", ["whole", "too_long"])
+def test_a_partial_whole_or_too_long_is_taken_or_started_over(tmp_path: Path, hub: Any, kept: str) -> None:
+    """A partial with every byte (killed between its last write and the move) is moved into place with
+    no body fetched; one longer than the file can be is started over from byte 0."""
+    p = plan(tmp_path, hub)
+    converge(p)
+    shard = p.weights_dir / SHARD
+    entry = next(e for e in fetch.manifests.load(p.manifest, REPO, hub.commit).files if e.path == SHARD)
+    data = shard.read_bytes()
+    shard.unlink()
+    fetch.partial_path(p.weights_dir, entry).write_bytes(data if kept == "whole" else data + b"extra")
+    hub.clear_log()
+    again = converge(p)
+    assert again["verify"]["ok"] and again["fetched"] == [SHARD] and shard.read_bytes() == data
+    gets = [(e["range"], e["bytes_sent"]) for e in hub.log() if e.get("file") == SHARD and e["method"] == "GET"]
+    assert gets == ([] if kept == "whole" else [(None, len(data))]), gets
+
+
 def test_stale_partials_are_dropped_before_a_fetch(tmp_path: Path, hub: Any) -> None:
     """huggingface_hub's per-process .incomplete of a killed run and a partial of no file of the
     revision can never be resumed: they are removed, not left to fill the store."""

@@ -13,6 +13,9 @@
   itself: same device nodes in its /dev, initramfs-tools and kmod installed, and the files
   recorded on a real H200 machine (recorded/h200/sysroot.tar.gz) unpacked at
   /var/lib/gpunode-lab-facts;
+* the lab's Hub (``hub``, run as a systemd service by ``hubservice``) on ``gpunode-lab-host``'s loopback,
+  serving a checkpoint made by ``checkpoint``, which inventory/lab/host.yml fetches into the store
+  /srv/gpunode-models on that host;
 * a second site for the fleet (inventory/lab/fleet.yml): another Proxmox host stand-in
   ``gpunode-lab-host2`` (10.0.3.13) with its own fakepve on https://127.0.0.3:8006 and GPU node
   ``gpunode-lab2`` (10.0.3.12), and the API key the fleet's servers and router share.
@@ -23,7 +26,8 @@ a one-line message naming what failed and how to fix it.
 The package, cut along what it builds: ``contract`` (names, addresses, paths), ``util``, ``engine``
 (Docker), ``network``, ``devices``, ``containers``, ``fakepve`` (the API's process), ``api`` (up,
 down, status); the stand-ins it runs: ``pve`` (fakepve plus the realizer of mount points),
-``driver`` (the recorded driver layout), ``kernels`` (stand-in kernels, real DKMS), ``image`` (the
+``driver`` (the recorded driver layout), ``kernels`` (stand-in kernels, real DKMS), ``hub`` and
+``hubservice`` (the Hub stand-in and its service), ``checkpoint`` and ``weights`` (the checkpoints), ``image`` (the
 stand-in server's image) and ``standin/`` (the fake SGLang server's files); ``recorded/`` holds the
 readings from a real H200 that it lays out. Production code never imports it; a lab host file
 (``lab: true``) names its stand-ins.

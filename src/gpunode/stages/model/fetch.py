@@ -261,10 +261,11 @@ def _fetch_file(plan: Plan, entry: FileEntry, token: str | None) -> Stamp | None
         headers.pop("authorization", None)  # a CDN's signed URL takes no token (as hf_hub_download does)
     part = partial_path(plan.weights_dir, entry)
     part.parent.mkdir(parents=True, exist_ok=True)
-    with open(part, "a+b") as handle:
-        if handle.seek(0, os.SEEK_END) > entry.size:
-            handle.truncate(0)  # longer than the file can be: not ours to resume
-        resume = handle.tell()
+    with open(part, "a+b") as handle:  # appends: every write lands at the end, whatever was read
+        resume = handle.seek(0, os.SEEK_END)
+        if resume > entry.size:  # longer than the file can be: not ours to resume
+            handle.truncate(0)
+            resume = handle.seek(0)
         writer = _HashingWriter(handle, entry)
         handle.seek(resume)
         http_get(meta.location, writer, resume_size=resume, headers=headers,  # type: ignore[arg-type]
