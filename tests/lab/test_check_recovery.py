@@ -46,9 +46,17 @@ def remove_devn() -> None:
     api().call("PUT", "nodes/pve1/lxc/200/config", delete="dev1")
 
 
+def mount_key(target: str) -> str:
+    """The mpN that mounts ``target`` in container 200 (the driver tree's and the weights' are placed by target)."""
+    config = api().get("nodes/pve1/lxc/200/config")
+    keys = [key for key, value in config.items() if key.startswith("mp") and f",mp={target}," in f"{value},"]
+    assert len(keys) == 1, (target, config)
+    return keys[0]
+
+
 def remove_driver_mount() -> None:
     # Removed from the config and the container restarted, as a hand edit in the GUI would end.
-    api().call("PUT", "nodes/pve1/lxc/200/config", delete="mp0")
+    api().call("PUT", "nodes/pve1/lxc/200/config", delete=mount_key("/usr/local/nvidia"))
     api().call("POST", "nodes/pve1/lxc/200/status/stop")
     api().call("POST", "nodes/pve1/lxc/200/status/start")
 
@@ -274,6 +282,7 @@ def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp
     hosts.write_text(LAB_HOSTS.read_text().replace('version: "580.159.04"', f'version: "{NEW_DRIVER}"'))
     rc, healthy = check(gpunode, "host", "container", "node")
     assert rc == 0, failing(healthy)
+    driver_key = mount_key("/usr/local/nvidia")
     upgrade_host_driver("580.159.04", NEW_DRIVER)
     try:
         rc, broken = check(gpunode, "host", "container", "node", hosts=hosts)
@@ -286,7 +295,7 @@ def test_host_driver_upgrade_is_named_and_repaired(gpunode, converged: None, tmp
         assert stale.returncode == 1
         failure = json.loads(stale.stdout)["failures"][0]
         assert "mounts NVIDIA user space 580.159.04, but the host's module is 580.172.08" in failure["message"]
-        assert "must restart to apply mp0" in stale.stderr
+        assert f"must restart to apply {driver_key}" in stale.stderr
         trees = on(lab.HOST_CONTAINER_IP, "ls /var/lib/gpunode/nvidia").stdout.split()
         assert trees == ["580.159.04", NEW_DRIVER], "the old tree stays while the container still mounts it"
         repaired = gpunode("provision", str(hosts), "--tags", "host,container,node", "--restart-container", timeout=900)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import gpunode_lab as lab
 from gpunode.stages.container.causes import HOST_STAGE_FIX
@@ -89,7 +90,11 @@ def test_create_then_zero_writes(gpunode, fresh_container: None) -> None:
     config = api().get("nodes/pve1/lxc/200/config")
     assert config["dev0"] == "/dev/nvidia0,mode=0666" and config["dev1"] == "/dev/nvidia1,mode=0666"
     assert config["dev5"] == "/dev/nvidia-modeset,mode=0666"  # present on the lab host, so passed in
-    assert config["mp0"] == "/var/lib/gpunode/nvidia/580.159.04,mp=/usr/local/nvidia,ro=1"
+    mounts = sorted(value for key, value in config.items() if key.startswith("mp"))
+    model = yaml.safe_load(LAB_HOSTS.read_text())["hosts"][0]["model"]
+    weights = f"{model['store']}/{model['id'].replace('/', '--')}/{model['revision']}"
+    assert mounts == [f"{weights},mp=/models/GLM-5-NVFP4,ro=1",  # the store's revision (model.source: hub)
+                      "/var/lib/gpunode/nvidia/580.159.04,mp=/usr/local/nvidia,ro=1"], config
     assert api().get("nodes/pve1/lxc/200/status/current")["status"] == "running"
 
     rc, second, _ = run(gpunode)
