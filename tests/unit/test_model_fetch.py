@@ -280,6 +280,30 @@ def test_an_unknown_revision_is_named(tmp_path: Path, hub: Any) -> None:
         converge(plan(tmp_path, hub, revision="0" * 40))
 
 
+@pytest.mark.parametrize("oid", ["../../../../tmp/owned", "Z" * 64])
+def test_a_listing_with_a_hash_that_is_no_hash_is_refused_and_writes_nothing(
+        tmp_path: Path, hub: Any, monkeypatch: pytest.MonkeyPatch, oid: str) -> None:
+    # A mirror's LFS oid names the partial on disk: "../x" would write outside the store.
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    real = HfApi.list_repo_tree
+
+    def hostile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for item in real(self, *args, **kwargs):
+            if isinstance(item, RepoFile) and item.lfs:
+                item.lfs.sha256 = oid  # type: ignore[misc]
+            yield item
+
+    monkeypatch.setattr(HfApi, "list_repo_tree", hostile)
+    p = plan(tmp_path, hub)
+    with pytest.raises(fetch.HubRefused, match="listing of .*hex digits"):
+        converge(p)
+    written = sorted(str(f.relative_to(tmp_path)) for f in (tmp_path / "store").rglob("*") if not f.is_dir())
+    assert written == [str(p.manifest.with_suffix(".lock").relative_to(tmp_path))], "only the revision's lock"
+    assert bodies(hub) == []
+
+
 def test_a_refused_token_is_named_and_never_shown(tmp_path: Path, hub: Any) -> None:
     hub.faults({"token": "hf_right_one"})
     with pytest.raises(fetch.HubRefused) as caught:

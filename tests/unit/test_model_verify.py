@@ -158,7 +158,15 @@ def test_a_manifest_is_kept_atomically_and_refuses_another_revision(tmp_path: Pa
 @pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a//b", "a/./b", "a\\b", ""])
 def test_a_repo_path_that_leaves_the_folder_is_not_a_manifest_entry(path: str) -> None:
     with pytest.raises(manifests.ManifestError):
-        manifests.FileEntry(path, 1, None, "x")
+        manifests.FileEntry(path, 1, None, "0" * 40)
+
+
+@pytest.mark.parametrize(("sha256", "blob"), [("../../../etc/cron.d/x", None), ("A" * 64, None), ("0" * 63, None),
+                                              (None, "../x"), (None, "0" * 41)])
+def test_a_listed_hash_that_is_not_a_hash_is_not_a_manifest_entry(sha256: str | None, blob: str | None) -> None:
+    # the listed hash names the partial file: a hostile mirror's oid must not become a path
+    with pytest.raises(manifests.ManifestError, match="hex digits"):
+        manifests.FileEntry("model-00001-of-00003.safetensors", 1, sha256, blob)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link", "folder"])

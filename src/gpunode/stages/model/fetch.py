@@ -126,13 +126,16 @@ def remote_manifest(plan: Plan, token: str | None) -> manifests.Manifest:
                  if isinstance(f, RepoFile)]
     except Exception as exc:
         raise _hub_error(exc, token) from None
-    return manifests.from_tree(plan.repo, plan.revision, items)
+    try:
+        return manifests.from_tree(plan.repo, plan.revision, items)
+    except manifests.ManifestError as exc:  # a path or hash no Hub lists: nothing of it is written
+        raise HubRefused(f"the Hub's listing of {plan.revision}: {exc}") from None
 
 
 def partial_path(folder: Path, entry: FileEntry) -> Path:
     """Where a file's unfinished bytes wait: named by the hash the revision lists for it, so that a
     partial is only ever resumed into the very content it was begun for."""
-    return folder / PARTIAL / f"{entry.sha256 or entry.blob}.part"
+    return folder / PARTIAL / f"{entry.listed_hash}.part"
 
 
 def _size(path: Path) -> int:
@@ -321,7 +324,7 @@ def _fetch_file(plan: Plan, entry: FileEntry, token: str | None) -> Stamp | None
             writer.close()  # what arrived is on its way to the disk, kill or not
         handle.flush()
         os.fsync(handle.fileno())
-    got, want = writer.hexdigest(), entry.sha256 or entry.blob
+    got, want = writer.hexdigest(), entry.listed_hash
     if got != want:
         part.unlink(missing_ok=True)
         raise HubRefused(f"{entry.path} came with hash {got}, not the revision's {want}: dropped, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -17,6 +18,8 @@ from typing import Any
 
 FORMAT = 1
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a 50k-file repo is ~5 MB; anything larger is not ours
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_BLOB = re.compile(r"[0-9a-f]{40}")
 
 
 class ManifestError(ValueError):
@@ -32,6 +35,17 @@ class FileEntry:
 
     def __post_init__(self) -> None:
         safe_relative(self.path)
+        # The listed hash names the file's partial on disk: a mirror's "../x" for an oid would write
+        # outside the store, so only what a hash can look like is taken.
+        if self.sha256 is not None and not _SHA256.fullmatch(self.sha256):
+            raise ManifestError(f"{self.path}: sha256 {self.sha256[:80]!r} is not 64 lowercase hex digits")
+        if self.blob is not None and not _BLOB.fullmatch(self.blob):
+            raise ManifestError(f"{self.path}: git blob id {self.blob[:80]!r} is not 40 lowercase hex digits")
+
+    @property
+    def listed_hash(self) -> str | None:
+        """The hash the Hub lists for the file: the LFS sha256, else the git blob id."""
+        return self.sha256 or self.blob
 
 
 @dataclass(frozen=True)
