@@ -34,6 +34,7 @@ def target(monkeypatch: pytest.MonkeyPatch) -> Target:
     plan = derived.model
     verified = json.dumps({"ok": True, "repo": plan.repo, "revision": plan.revision, "weights_dir": plan.weights_dir})
     monkeypatch.setattr(engine, "read_file", lambda _ssh, _path, timeout_s=20.0: verified)
+    monkeypatch.setattr(engine, "link_count", lambda _ssh, _path, timeout_s=20.0: 2)  # the store's mount is live
     return Target(host, derived)
 
 

@@ -8,6 +8,7 @@ binds to the node's loopback by default, so its port is forwarded the same way f
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -94,6 +95,20 @@ def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> I
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _read_on_node(ssh: Ssh, command: str, path: str, timeout_s: float) -> str | None:
+    """``command -- path`` on the node: its output, None when the path is absent; an SSH that fails
+    otherwise is EngineUnreachable (never "absent": a check that read nothing must not pass)."""
+    # The remote command is read by the node's shell: the path goes quoted, after "--".
+    proc = subprocess.run(ssh_base(ssh) + [f"{command} -- {shlex.quote(path)}"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode == 0:
+        return proc.stdout
+    if "No such file" in proc.stderr:
+        return None
+    raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address} could not read {path}: "
+                            f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+
+
 def read_file(ssh: Ssh, path: str, timeout_s: float = 20.0) -> str | None:
     """A file on the node (the node stage's records and CDI spec), or None when it is absent."""
     if ssh.connection == "local":
@@ -101,12 +116,19 @@ def read_file(ssh: Ssh, path: str, timeout_s: float = 20.0) -> str | None:
             return Path(path).read_text()
         except FileNotFoundError:
             return None
-    # The remote command is read by the node's shell: the path goes quoted.
-    proc = subprocess.run(ssh_base(ssh) + ["cat -- " + shlex.quote(path)], stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=timeout_s)
-    if proc.returncode == 0:
-        return proc.stdout
-    if "No such file" in proc.stderr:
+    return _read_on_node(ssh, "cat", path, timeout_s)
+
+
+def link_count(ssh: Ssh, path: str, timeout_s: float = 20.0) -> int | None:
+    """A folder's link count on the node (0: deleted on the host, yet still mounted), None where absent."""
+    if ssh.connection == "local":
+        try:
+            return os.stat(path).st_nlink
+        except FileNotFoundError:
+            return None
+    out = _read_on_node(ssh, "stat -c %h", path, timeout_s)
+    if out is None:
         return None
-    raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address} could not read {path}: "
-                            f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+    if not out.strip().isdigit():
+        raise EngineUnreachable(f"ssh to {ssh.user}@{ssh.address}: stat of {path} said {out.strip()[:80]!r}")
+    return int(out)

@@ -226,16 +226,3 @@ def stale_mount(plan: ModelPlan, vmid: int, links: int | None) -> str | None:
     return (f"{plan.mount_target} on the node is a folder deleted on the Proxmox host since the container started "
             f"(its bind mount keeps the deleted one, not {plan.mount_source}): restart the container "
             f"(pct reboot {vmid} on the Proxmox host), then run `gpunode provision`")
-
-
-def link_count(ssh: Ssh, path: str, timeout_s: float = 20.0) -> int | None:
-    """A folder's link count on the node (0: deleted, yet mounted), or None where it is not there."""
-    if ssh.connection == "local":
-        try:
-            return os.stat(path).st_nlink
-        except FileNotFoundError:
-            return None
-    proc = subprocess.run(ssh_base(ssh) + ["stat -c %h -- " + shlex.quote(path)], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout_s)
-    return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
-

@@ -24,8 +24,8 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
 
     if check_mode:
         return StageResult(summary=["serve: started only in a real run"])
-    from gpunode.stages.engine import read_file
-    from gpunode.stages.model.stage import RECORD, link_count, refusal, stale_mount
+    from gpunode.stages.engine import link_count, read_file
+    from gpunode.stages.model.stage import RECORD, refusal, stale_mount
 
     # Never a server on weights the model stage did not prove whole: it would die loading them, minutes in.
     plan, node = target.derived.model, target.host.container.reach
