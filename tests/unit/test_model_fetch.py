@@ -123,8 +123,8 @@ def test_a_cut_connection_mid_file_still_ends_whole(tmp_path: Path, hub: Any) ->
 
 @pytest.fixture
 def big_hub(tmp_path: Path):
-    """Shards over huggingface_hub's 10 MiB write chunk (constants.DOWNLOAD_CHUNK_SIZE: http_get writes
-    whole chunks), so that a kill can land with bytes on disk."""
+    """Shards of many of http_get's write chunks (fetch.READ_CHUNK: http_get writes whole chunks), so
+    that a kill can land with bytes on disk."""
     made = checkpoint.make(tmp_path / "hub" / REPO, shards=2, shard_bytes=12 << 20)
     with Hub(tmp_path / "hub") as running:
         running.commit = made["commit"]  # type: ignore[attr-defined]
@@ -132,14 +132,14 @@ def big_hub(tmp_path: Path):
 
 
 def test_a_fetch_killed_mid_file_resumes_where_it_stopped(tmp_path: Path, big_hub: Any, tool_lib: Path) -> None:
-    """The command is SIGKILLed with a shard's first 10 MiB chunk written (the Hub holds the rest back):
+    """The command is SIGKILLed with a shard's first 10 MiB written (the Hub holds the rest back):
     the partial stays, named by the shard's sha256; the next run asks for the rest with a Range from
     exactly there, gets only the rest, and the shard ends whole and hashed as it came."""
     hub = big_hub
     shard = max(repo_files(tmp_path), key=lambda f: f.stat().st_size).name  # fetched first: largest first
     p = plan(tmp_path, hub, workers=1)
     data = {"source": "hub", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(p).items()}}
-    chunk = 10 << 20
+    chunk = 10 * fetch.READ_CHUNK
     hub.faults({"stall": {"path": shard, "after": chunk + 4096}})
     proc = subprocess.Popen([sys.executable, "-s", "-m", "gpunode.stages.model", "converge"], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -172,6 +172,41 @@ def test_a_fetch_killed_mid_file_resumes_where_it_stopped(tmp_path: Path, big_hu
     assert result["hashed_while_fetched"] == len(result["fetched"])
     assert (p.weights_dir / shard).read_bytes() == (tmp_path / "hub" / REPO / shard).read_bytes()
     assert not list(parts.glob("*.part")), "the partial became the file"
+
+
+def test_a_file_is_written_in_small_chunks_and_handed_to_the_disk_as_it_comes(
+        tmp_path: Path, big_hub: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """http_get hands over READ_CHUNK at a time (not its 10 MiB, copied outside the cache) while the fetch
+    runs, and the library's own size again after; every WRITEBACK_EVERY bytes the kernel is told to write
+    out what came and drop what is on the disk (posix_fadvise), each byte once, in order, never a wait."""
+    from huggingface_hub import constants
+
+    library_chunk = constants.DOWNLOAD_CHUNK_SIZE
+    writes: list[int] = []
+    advised: list[tuple[str, int, int, int]] = []
+    real_write, real_fadvise = fetch._HashingWriter.write, os.posix_fadvise
+    monkeypatch.setattr(fetch._HashingWriter, "WRITEBACK_EVERY", 2 << 20)
+    monkeypatch.setattr(fetch._HashingWriter, "write", lambda self, data: writes.append(len(data)) or real_write(self, data))
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(fetch.os, "posix_fadvise", fadvise)
+    p = plan(tmp_path, big_hub, workers=1)
+    result = converge(p)
+    assert result["verify"]["ok"] and result["hashed_while_fetched"] == len(result["fetched"]), result
+    assert constants.DOWNLOAD_CHUNK_SIZE == library_chunk
+    assert max(writes) == fetch.READ_CHUNK and sum(writes) == result["fetched_bytes"]
+    assert {advice for *_, advice in advised} == {os.POSIX_FADV_DONTNEED}
+    shard = max(repo_files(tmp_path), key=lambda f: f.stat().st_size)
+    ranges = [(offset, length) for name, offset, length, _ in advised if name.endswith(".part")
+              and Path(name).name == fetch.partial_path(p.weights_dir, next(
+                  e for e in fetch.manifests.load(p.manifest, REPO, big_hub.commit).files if e.path == shard.name)).name]
+    window = 2 << 20
+    # one call per window (the tail is left to the fsync): each window written out, then named again with
+    # the next one, by when it is clean and dropped
+    assert ranges == [(0, window)] + [((k - 1) * window, 2 * window) for k in range(1, shard.stat().st_size // window)]
 
 
 def test_a_partial_of_the_wrong_bytes_is_caught_by_its_hash(tmp_path: Path, hub: Any) -> None:

@@ -41,6 +41,11 @@ PROGRESS_EVERY_S = 1.0
 HF_META = Path(".cache") / "huggingface" / "download"  # huggingface_hub's local_dir metadata (_local_folder.py)
 PARTIAL = Path(".cache") / "gpunode" / "partial"  # our unfinished files, <hash>.part, kept across runs
 HASH_CHUNK = 8 << 20
+# What http_get hands the writer at a time (its constants.DOWNLOAD_CHUNK_SIZE, read at each call,
+# file_download.py:439). Its 10 MiB chunks are rebuilt by httpx's ByteChunker through a BytesIO, copied
+# three times outside the CPU's cache with the GIL held: measured on a 16-core machine, http_get alone
+# ran at 0.60 of a plain httpx client with 10 MiB and 0.90 with 1 MiB (benchmarks/model_fetch.py).
+READ_CHUNK = 1 << 20
 
 
 class HubUnreachable(Exception):
@@ -216,9 +221,13 @@ class _HashingWriter:
     runs at the harmonic sum of the two). ``http_get`` seeks to 0 and truncates when a server answers a
     Range with the whole file, and asks ``tell`` at the end: both wait for what is queued first."""
 
-    QUEUED = 4  # chunks in flight per file (http_get's are 10 MiB)
-    SYNC_EVERY = 256 << 20  # bytes written between fdatasyncs: the disk's writeback overlaps the receive,
-    # dirty memory stays bounded, and the fsync before the move has little left to do
+    QUEUED = 16  # chunks in flight per file (READ_CHUNK each)
+    # Every WRITEBACK_EVERY bytes the kernel is told to write out what came since the last time and to
+    # drop what is already on the disk (posix_fadvise DONTNEED: writeback starts, nothing waits). The
+    # disk's writeback overlaps the receive, a 450 GB checkpoint never fills the page cache (what the
+    # host had cached stays), and the fsync before the move has little left to do. A fdatasync instead
+    # stalled the file's writes for every flush: 0.54 of a plain client against 1.19 (16 cores, 2 files).
+    WRITEBACK_EVERY = 64 << 20
 
     def __init__(self, handle: Any, entry: FileEntry) -> None:
         self.handle, self.entry = handle, entry
@@ -226,6 +235,8 @@ class _HashingWriter:
         handle.seek(0)
         while chunk := handle.read(HASH_CHUNK):  # the bytes kept from an earlier run, read once
             self.digest.update(chunk)
+        # [_dropped, _written_back): out to the disk since the last call, dropped by the next one
+        self._end = self._written_back = self._dropped = handle.tell()
         self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUED)
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._drain, name=f"hash:{entry.path}", daemon=True)
@@ -237,22 +248,24 @@ class _HashingWriter:
         return hashlib.sha1(f"blob {self.entry.size}\0".encode())  # the git blob id the Hub lists
 
     def _drain(self) -> None:
-        unsynced = 0
         while (data := self._queue.get()) is not None:
             try:
                 if self._failed is None:
                     self.handle.write(data)
                     self.digest.update(data)
-                    unsynced += len(data)
-                    if unsynced >= self.SYNC_EVERY:
-                        self.handle.flush()
-                        os.fdatasync(self.handle.fileno())
-                        unsynced = 0
+                    self._end += len(data)
+                    if self._end - self._written_back >= self.WRITEBACK_EVERY:
+                        self._write_back()
             except BaseException as exc:  # kept for the receiving thread, which raises it
                 self._failed = exc
             finally:
                 self._queue.task_done()
         self._queue.task_done()
+
+    def _write_back(self) -> None:
+        self.handle.flush()
+        os.posix_fadvise(self.handle.fileno(), self._dropped, self._end - self._dropped, os.POSIX_FADV_DONTNEED)
+        self._dropped, self._written_back = self._written_back, self._end
 
     def _settle(self) -> None:
         self._queue.join()
@@ -270,6 +283,7 @@ class _HashingWriter:
             raise OSError("only a restart from 0 is expected of http_get")
         self._settle()
         self.digest = self._fresh()
+        self._end = self._written_back = self._dropped = 0
         return self.handle.seek(0)
 
     def truncate(self, size: int | None = None) -> int:
@@ -339,7 +353,17 @@ def _fetch_file(plan: Plan, entry: FileEntry, token: str | None) -> Stamp | None
 def download(plan: Plan, entries: list[FileEntry], token: str | None) -> dict[str, Stamp]:
     """Exactly these files of the pinned revision into the weights folder, ``workers`` at a time, the
     largest first; the stamps of those hashed as they were written."""
+    from huggingface_hub import constants
+
     stamps: dict[str, Stamp] = {}
+    chunk, constants.DOWNLOAD_CHUNK_SIZE = constants.DOWNLOAD_CHUNK_SIZE, READ_CHUNK
+    try:
+        return _download(plan, entries, token, stamps)
+    finally:
+        constants.DOWNLOAD_CHUNK_SIZE = chunk  # the process's other callers keep the library's own
+
+
+def _download(plan: Plan, entries: list[FileEntry], token: str | None, stamps: dict[str, Stamp]) -> dict[str, Stamp]:
     with ThreadPoolExecutor(max_workers=max(1, plan.workers), thread_name_prefix="fetch") as pool:
         futures = {pool.submit(_fetch_file, plan, entry, token): entry
                    for entry in sorted(entries, key=lambda e: (-e.size, e.path))}
