@@ -5,9 +5,16 @@ A checkpoint made by the real safetensors library (gpunode_lab.checkpoint) and i
 sha256 of each file, as the Hub lists them); the files read once first, so that both read from the
 page cache and the comparison is of the hashing, not of the disk. Each round runs
 gpunode.stages.model.verify.verify(level="full", workers=W) (every file's sha256 against the
-manifest, W at a time, every safetensors header, the index and config.json) and ``sha256sum`` over
-the same files (one process: one core). The per-core ratio is (verify's rate / the cores it can use,
-min(W, files, cores)) / sha256sum's rate, best round against best round.
+manifest, W at a time, every safetensors header, the index and config.json), ``sha256sum`` over
+the same files in one process (one core), and ``sha256sum`` given the same cores as verify (``xargs -P``,
+one process per file, the largest first, as verify's pool takes them). Two per-core ratios, best round
+against best round, with C = min(W, files, cores):
+
+- ``ratio_per_core``: (verify's rate / C) / one sha256sum's rate, against a sha256sum that would scale
+  with cores without limit;
+- ``ratio_same_cores``: verify's rate / the rate of C sha256sums at once: per core used, each given
+  the same cores, so that what bounds both (the memory's bandwidth on a many-core machine) bounds
+  the baseline as well. The goal is judged on this one.
 
     .venv/bin/python benchmarks/model_verify.py [--shards 4] [--shard-mb 256] [--workers N] [--rounds 3]
 
@@ -52,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                                          hashlib.file_digest(handle, "sha256").hexdigest(), None))
         manifest = Manifest("bench/GLM-5-NVFP4", "0" * 40, entries)
         total = sum(e.size for e in entries)
-        rounds: dict[str, list[float]] = {"verify_full": [], "sha256sum": []}
+        rounds: dict[str, list[float]] = {"verify_full": [], "sha256sum": [], "sha256sum_same_cores": []}
+        cores = max(1, min(args.workers, len(names), os.cpu_count() or 1))
+        largest_first = sorted(names, key=lambda name: -(folder / name).stat().st_size)
         for _ in range(args.rounds):
             start = time.perf_counter()
             report = verify(folder, manifest=manifest, level="full", workers=args.workers, source="hub",
@@ -64,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             subprocess.run(["sha256sum", "--", *names], cwd=folder, check=True, stdout=subprocess.DEVNULL)
             rounds["sha256sum"].append(time.perf_counter() - start)
-    cores = max(1, min(args.workers, len(names), os.cpu_count() or 1))
+            start = time.perf_counter()
+            subprocess.run(["xargs", "-0", "-P", str(cores), "-n", "1", "sha256sum", "--"], cwd=folder, check=True,
+                           input="\0".join(largest_first).encode(), stdout=subprocess.DEVNULL)
+            rounds["sha256sum_same_cores"].append(time.perf_counter() - start)
     rate = {who: total / min(times) for who, times in rounds.items()}
     per_core = rate["verify_full"] / cores / rate["sha256sum"]
+    same_cores = rate["verify_full"] / rate["sha256sum_same_cores"]
     report_out: dict[str, Any] = {
         "files": len(names), "bytes": total, "workers": args.workers, "cores_used": cores, "rounds": rounds,
         "verify_full_MBps": round(rate["verify_full"] / 1e6, 1), "sha256sum_MBps": round(rate["sha256sum"] / 1e6, 1),
-        "ratio_per_core": round(per_core, 3), "goal": GOAL, "met": per_core >= GOAL,
+        "sha256sum_same_cores_MBps": round(rate["sha256sum_same_cores"] / 1e6, 1),
+        "ratio_per_core": round(per_core, 3), "ratio_same_cores": round(same_cores, 3),
+        "goal": GOAL, "met": same_cores >= GOAL,
         "note": "page-cached: the hashing compared, not the disk; verify's time includes the headers, index and config"}
     print(json.dumps(report_out, indent=1))
     return 0 if report_out["met"] else 1
