@@ -6,6 +6,7 @@ another model name, an empty one, or no key leaves it alone; the key never reach
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,8 +41,12 @@ class FakeRouterApi:
 
 def _api(known: dict[str, str]) -> Any:
     fake = FakeRouterApi({url: RouterWorker(f"id-{url}", url, True, model) for url, model in known.items()})
-    return SimpleNamespace(workers=fake.workers_list, add_worker=fake.add_worker, remove_worker=fake.remove_worker,
-                           fake=fake)
+    api = SimpleNamespace(workers=fake.workers_list, add_worker=fake.add_worker, remove_worker=fake.remove_worker,
+                          fake=fake)
+    # The router's own polling (RouterApi's), over the stand-in's list.
+    api.wait_listed = partial(RouterApi.wait_listed, api)
+    api.wait_gone = partial(RouterApi.wait_gone, api)
+    return api
 
 
 def _container() -> Any:

@@ -91,6 +91,24 @@ class RouterApi:
         if reply.status_code not in (200, 202, 204):
             raise RouterUnavailable(f"DELETE /workers/{worker.id} ({worker.url}): HTTP {reply.status_code}")
 
+    def wait_listed(self, urls: set[str], healthy: bool, timeout_s: float) -> set[str]:
+        """Poll until every url is registered (and healthy, if asked); returns those that are."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            known = {w.url for w in self.workers() if w.healthy or not healthy}
+            if urls <= known or time.monotonic() > deadline:
+                return urls & known
+            time.sleep(1.0)
+
+    def wait_gone(self, urls: set[str], timeout_s: float) -> set[str]:
+        """Poll until none of urls is registered (removals are queued); returns those still there."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = urls & {w.url for w in self.workers()}
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
 
 def worker_requests(metrics_text: str) -> dict[str, int]:
     """Requests the router sent to each worker (its upstream calls, successful or not), from its

@@ -18,7 +18,6 @@ whether the checks passed through the router.
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,26 +71,6 @@ def probe_worker(container: Any, url: str) -> tuple[bool, str]:
     return probe_answer(result.output.decode(errors="replace") or f"0 no output (exit {result.exit_code})")
 
 
-def _wait_for(api: RouterApi, urls: set[str], healthy: bool, timeout_s: float) -> set[str]:
-    """Poll the router until every url is registered (and healthy, if asked); returns those that are."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        known = {w.url for w in api.workers() if w.healthy or not healthy}
-        if urls <= known or time.monotonic() > deadline:
-            return urls & known
-        time.sleep(1.0)
-
-
-def _wait_gone(api: RouterApi, urls: set[str], timeout_s: float) -> set[str]:
-    """Poll the router until none of urls is registered (its removals are queued); returns those still there."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = urls & {w.url for w in api.workers()}
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.5)
-
-
 def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, ...], fresh: bool,
               health_wait_s: float, served_name: str, api_key: str | None) -> tuple[bool, list[str], dict[str, str]]:
     """Bring the router's workers to the host file's: (changed, lines, down: url -> why).
@@ -108,7 +87,7 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
         else:
             down[url] = said
     if fresh:
-        _wait_for(api, live, healthy=False, timeout_s=REGISTER_WAIT_S)
+        api.wait_listed(live, healthy=False, timeout_s=REGISTER_WAIT_S)
     changed, lines = False, []
     known = {w.url: w for w in api.workers()}
     # Only the router's own word for "could not read it", and only when a key would let it: another
@@ -116,7 +95,7 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
     unread = sorted(url for url, w in known.items() if url in live and w.model_id == UNREAD_MODEL and api_key)
     for url in unread:  # one at a time: the others keep serving meanwhile
         api.remove_worker(known[url])
-        if _wait_gone(api, {url}, REGISTER_WAIT_S):
+        if api.wait_gone({url}, REGISTER_WAIT_S):
             down[url] = f"is listed by the router under model {UNREAD_MODEL!r}, and the router did not remove it"
             live.discard(url)
             continue
@@ -133,7 +112,7 @@ def reconcile(api: RouterApi, container: Any, workers: tuple[RouterWorkerSpec, .
             api.remove_worker(worker)
             changed = True
             lines.append(f"worker {url}: removed (no longer in the host file)")
-    healthy = _wait_for(api, live, healthy=True, timeout_s=health_wait_s)
+    healthy = api.wait_listed(live, healthy=True, timeout_s=health_wait_s)
     for url in sorted(live - healthy):
         down[url] = f"answers /health, but the router has not marked it healthy within {health_wait_s:.0f} s"
     for url in sorted(healthy):
