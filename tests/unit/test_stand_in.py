@@ -55,6 +55,23 @@ def test_a_bad_flag_exits_2_with_the_real_parsers_words(tmp_path: Path, args: li
     assert result.diagnosis is not None and result.diagnosis.key == "bad_argument" and result.diagnosis.evidence == error
 
 
+@pytest.mark.parametrize(("fraction", "serves"), [("0.05", False), ("0.62", True)])
+def test_a_memory_fraction_below_the_weights_leaves_no_kv_pool_as_sglang_says(tmp_path: Path, fraction: str,
+                                                                             serves: bool) -> None:
+    """sglang 0.5.9 model_runner_kv_cache_mixin.py:143-149 and 415-419: after weights that leave 37.10 of
+    94.97 GB, a --mem-fraction-static below 0.61 leaves the KV pool nothing: the scheduler raises, and
+    gpunode's diagnosis names it (kv_cache_no_room) with its fix."""
+    with fake_server(tmp_path, wait=False, extra_args=["--mem-fraction-static", fraction]) as (process, url):
+        result = readiness.wait_ready(process, readiness.HttpHealthProbe(url), timeout_s=30)
+        said = process.log_text()
+    if serves:
+        assert result.ready and "Not enough memory" not in said
+    else:
+        assert not result.ready and result.diagnosis is not None and result.diagnosis.key == "kv_cache_no_room"
+        assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+                f"self.server_args.mem_fraction_static={fraction}") in said
+
+
 def test_without_parser_flags_reasoning_and_tool_calls_stay_text(tmp_path: Path) -> None:
     with fake_server(tmp_path, parsers=False) as (_process, url):
         chat = post(url, "/v1/chat/completions", {"model": "glm-5", "messages": [{"role": "user", "content": "17 + 25?"}]})
