@@ -99,6 +99,10 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         console.print(f"  {server['command']}", soft_wrap=True)
         for name, value in server["env"].items():
             console.print(f"  {name}={value}  [dim]# {server['reasons'].get(name, '')}[/dim]")
+        if server.get("restart"):
+            console.print(f"  restarts: {escape(server['restart'])}")
+        if plan.forecast is not None:
+            console.print(f"  live: {escape(plan.forecast['line'])}")
 
         table = Table(title="stages and checks", show_lines=False)
         table.add_column("stage")
@@ -118,6 +122,12 @@ def print_router_plan(router: dict[str, Any], console: Console) -> None:
     console.print("[bold]Workers[/bold]")
     for worker in router["workers"]:
         console.print(f"  - {worker['host']}: {worker['url']} (node {worker['node']})")
+    rolling = router["rolling"]
+    order = "; then ".join(", ".join(batch) for batch in rolling["order"])
+    console.print(f"[bold]Rolling changes[/bold]: {order} (batch {rolling['batch']}); each taken out of the router and "
+                  f"drained (at most {rolling['drain_timeout_s']} s), changed, served, smoke-tested and put back before "
+                  f"the next; a batch stops the roll when more than {rolling['max_fail_percent']} % of it fails, and its "
+                  f"failed hosts stay out. When: {escape(rolling['when'])}")
     console.print(f"[bold]Stage[/bold] {router['stage']['name']}: {router['stage']['summary']}")
     for check in router["stage"]["checks"]:
         console.print(f"  check: {check}")

@@ -21,7 +21,7 @@ from gpunode.hostfile import Host
 from gpunode.catalogue import handoff
 from gpunode.stages.serve import docker_run
 from gpunode.derive import serverspec as specs
-from gpunode.stages.serve.command import ServeOutcome, run_serve
+from gpunode.stages.serve.command import ServeOutcome, foresee, run_serve
 from gpunode.stages.smoke import bench
 from gpunode.stages.smoke.command import smoke
 
@@ -75,6 +75,11 @@ def start(host: Host, image: str, name: str, handoff: handoff.GpuHandoff, timeou
     return outcome, console.file.getvalue()  # type: ignore[attr-defined]
 
 
+def foreseen(host: Host, image: str, name: str, handoff: handoff.GpuHandoff) -> docker_run.Decision:
+    """What a start would do, decided by the code that acts on it, from the same spec; nothing changed."""
+    return foresee(host, image, None, gpu_handoff=handoff, name=name, memlock_bytes=MEMLOCK["bytes"])
+
+
 def start_on_free_port(build: Callable[[int], Host], client: docker.DockerClient, image: str, name: str,
                        handoff: handoff.GpuHandoff, **kwargs: Any) -> tuple[Host, ServeOutcome, str]:
     """The first start of a test's server, on a free port: Docker publishes it, so the port cannot be
@@ -123,6 +128,8 @@ def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient,
     assert container.exec_run(["stat", "-c", "%t:%T", "/dev/nvidia1"]).output.decode().strip() == "c3:1"
     assert config["Env"] and "HF_HUB_OFFLINE=1" in config["Env"]
 
+    # Each start below is foreseen first (check mode and a rolling change read it), and does what was foreseen.
+    assert foreseen(host, fake_image, container_name, handoff).action == "kept"
     again, said = start(host, fake_image, container_name, handoff)
     assert again.exit_code == 0 and again.start is not None and again.start.action == "kept", said
     assert again.start.container_id == first.start.container_id
@@ -131,6 +138,8 @@ def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient,
 
     # Stopped with the same settings: started again; only this run's log is read.
     container.stop(timeout=5)
+    assert foreseen(host, fake_image, container_name, handoff) == docker_run.Decision(
+        "started", "same settings; it was exited", docker_run.find_container(docker_client, container_name))
     restarted, said = start(host, fake_image, container_name, handoff)
     assert restarted.exit_code == 0 and restarted.start is not None and restarted.start.action == "started", said
     container.reload()
@@ -142,6 +151,9 @@ def test_start_ready_then_kept_then_replaced(docker_client: docker.DockerClient,
         watched.close()
 
     changed = lab_host(tmp_path, port=port, flags={"--tp-size": 2, "--max-running-requests": 512})
+    decision = foreseen(changed, fake_image, container_name, handoff)
+    assert (decision.action, decision.reason, decision.restarts) == ("replaced", "changed: command", True)
+    assert docker_client.containers.get(container_name).id == restarted.start.container_id  # foreseen, not done
     replaced, said = start(changed, fake_image, container_name, handoff)
     assert replaced.exit_code == 0 and replaced.start is not None and replaced.start.action == "replaced", said
     assert replaced.start.container_id != first.start.container_id and "command" in replaced.start.reason

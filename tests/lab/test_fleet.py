@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 import gpunode_lab as lab
@@ -302,3 +304,131 @@ def test_a_router_on_a_machine_of_its_own_reached_by_ssh(gpunode, converged: dic
         removed = _on_node2(f"docker rm -f {ROUTER_CONTAINER}; docker rmi {routed.image_tag}; "
                             f"rm -f /etc/gpunode/router.json; {absent} >/dev/null")
         assert removed.returncode == 0, removed.stderr
+
+
+class Load:
+    """Requests through the router from ``threads`` threads, one after another in each, until the block
+    ends, each outcome kept (its HTTP status, or the error that ended it): a chat (the stand-in answers
+    it at once) and a /generate of ``tokens`` tokens (2 ms each on the stand-in) in turn, so that
+    requests are in flight on the workers at any time."""
+
+    def __init__(self, router_api: RouterApi, threads: int = 2, tokens: int = 300) -> None:
+        self.api, self.threads, self.tokens = router_api, threads, tokens
+        self.outcomes: list[str] = []
+        self.stop = threading.Event()
+        self.started = self.ended = 0.0
+        self.workers: list[threading.Thread] = []
+
+    def _send(self) -> None:
+        session = requests.Session()
+        session.trust_env = False
+        session.headers.update(self.api.session.headers)
+        chat = True
+        while not self.stop.is_set():
+            word = secrets.token_hex(8)
+            path, body = (("/v1/chat/completions", {
+                "model": "glm-5", "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False},
+                "messages": [{"role": "user", "content": f"{word} What is 6 times 7?"}]}) if chat else
+                ("/generate", {"text": f"{word} count", "sampling_params": {"max_new_tokens": self.tokens}}))
+            chat = not chat
+            try:
+                reply = session.post(f"{self.api.base_url}{path}", json=body, timeout=120)
+                self.outcomes.append(str(reply.status_code))
+            except requests.RequestException as exc:
+                self.outcomes.append(type(exc).__name__)
+
+    def __enter__(self) -> Load:
+        self.started = time.monotonic()
+        self.workers = [threading.Thread(target=self._send, daemon=True) for _ in range(self.threads)]
+        for worker in self.workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for worker in self.workers:
+            worker.join(timeout=180)
+        self.ended = time.monotonic()
+
+    def failed(self) -> list[str]:
+        return [outcome for outcome in self.outcomes if outcome != "200"]
+
+    def said(self) -> str:
+        return (f"{len(self.outcomes)} requests through the router in {self.ended - self.started:.1f} s, "
+                f"{len(self.failed())} failed")
+
+
+def _fleet_with(tmp_path: Path, name: str, servers: dict[str, dict[str, Any]]) -> Path:
+    """The lab fleet with some hosts' server flags and env changed (host name -> {"flags": ..., "env": ...})."""
+    data = yaml.safe_load(FLEET.read_text())
+    for host in data["hosts"]:
+        for key, values in servers.get(host["name"], {}).items():
+            host["server"].setdefault(key, {}).update(values)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_request_succeeds(
+        gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi, tmp_path: Path) -> None:
+    """Day two (issue 36): a profile flag on both hosts (the server's metrics turned on) restarts both
+    servers. The provision forecasts that, says so, and rolls: one host at a time taken out of the
+    router, drained, changed, served, smoke-tested and put back, under a steady load through the
+    router that sees no failed request. Then a change that breaks the second host's server stops
+    the roll with the first host changed and serving; the second stays out of the router."""
+    metrics = _fleet_with(tmp_path, "fleet-metrics.yml", {name: {"flags": {"--enable-metrics": True}} for name in HOSTS})
+    plan = gpunode("plan", str(metrics), "--live", "--json", timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    foreseen = {h["name"]: h["forecast"] for h in json.loads(plan.stdout)["hosts"]}
+    assert {name: f["action"] for name, f in foreseen.items()} == {"pve-lab": "replaced", "pve-lab2": "replaced"}
+    assert foreseen["pve-lab"]["reason"] == "changed: command"
+    with Load(router_api) as load:
+        result = gpunode("provision", str(metrics), "--json", timeout=1500)
+    print(f"rolling change of both hosts: {load.said()}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = _summary(result)
+    roll = summary["roll"]
+    assert roll["mode"] == "rolling" and roll["batches"] == [["pve-lab"], ["pve-lab2"]] and roll["stopped_at"] == []
+    assert "rolling (a change restarts servers that serve through the router): pve-lab; then pve-lab2" in result.stderr
+    for host in HOSTS:
+        drained = roll["drained"][host]
+        # Out of the router before its restart, nothing routed to it while out, nothing in flight at the restart.
+        assert drained["listed"] and drained["routed_while_out"] == 0 and drained["in_flight"]["router"] in (0, None)
+        assert drained["restored"] and not drained["timed_out"], drained
+    assert load.failed() == [] and len(load.outcomes) >= 20, load.said()
+    # Each worker is used again after its return: the router's own counters move past where they stood.
+    before = {roll["drained"][host]["url"]: roll["drained"][host]["routed_before_return"] for host in HOSTS}
+    for _ in range(5):
+        assert _chat(router_api, 6, padding=2000) == [200] * 6
+        after = _per_worker(fleet)
+        if all(after[url] > count for url, count in before.items()):
+            break
+    assert all(after[url] > count for url, count in before.items()), (before, after)
+    again = gpunode("provision", str(metrics), "--json", timeout=900)
+    assert again.returncode == 0 and _changed(_summary(again)) == {}, again.stderr[-3000:]
+    assert _summary(again)["roll"]["mode"] == "one run"
+
+    # The second host's change breaks its server: the roll stops there, the first host serves the new settings.
+    broken = _fleet_with(tmp_path, "fleet-broken.yml", {
+        "pve-lab": {"flags": {"--enable-metrics": True, "--max-running-requests": 512}},
+        "pve-lab2": {"flags": {"--enable-metrics": True, "--mem-fraction-static": 0.05}}})
+    with Load(router_api) as load:
+        stopped = gpunode("provision", str(broken), "--json", timeout=1500)
+    print(f"rolling change stopped at the second host: {load.said()}")
+    assert stopped.returncode == 1, stopped.stderr[-4000:]
+    summary = _summary(stopped)
+    assert summary["failed_hosts"] == ["pve-lab2"] and summary["roll"]["stopped_at"] == ["pve-lab2"]
+    assert summary["roll"]["drained"]["pve-lab"]["restored"] and "pve-lab2" in summary["roll"]["drained"]
+    # The servers run with their metrics on now: the drain read the server's own queue, empty at the restart.
+    assert summary["roll"]["drained"]["pve-lab"]["in_flight"]["server"] == 0
+    assert ("rolling: stopped at pve-lab2: left out of the router; pve-lab changed and serving again; the hosts after "
+            "it were not touched") in stopped.stderr
+    assert "Not enough memory" in stopped.stderr
+    assert {w.url: w.healthy for w in router_api.workers()} == {"http://10.0.3.10:30000": True}
+    assert load.failed() == [], load.said()
+    assert _chat(router_api, 4) == [200] * 4
+
+    # The file as it was: the first host rolls back, the second comes back and joins the router again.
+    mended = gpunode("provision", str(FLEET), "--json", timeout=1500)
+    assert mended.returncode == 0, mended.stderr[-4000:]
+    _wait_router_sees(router_api, WORKER2, healthy=True)

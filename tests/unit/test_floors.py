@@ -25,6 +25,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("derive", ("gpunode.derive",)),
     ("stages", ("gpunode.stages",)),
     ("operations", ("gpunode.runner", "gpunode.inventory", "gpunode.render", "gpunode.checks", "gpunode.bench",
+                    "gpunode.rolling",
                     f"{COLLECTION}.modules", f"{COLLECTION}.filter")),
     ("cli", ("gpunode.cli", "gpunode.__main__")),
 )

@@ -25,9 +25,10 @@ def plan(
     live: Annotated[bool, typer.Option(
         "--live", help="also read (never write) the Proxmox API: is the container's vmid free, gpunode's, "
                        "or someone else's? Which Proxmox VE version, and what would apply at once or wait "
-                       "for the container's restart?")] = False,
+                       "for the container's restart? And each node's server: would a provision keep it or restart "
+                       "it, and why?")] = False,
 ) -> None:
-    """Show what provision would do, without contacting anything (--live reads the Proxmox API)."""
+    """Show what provision would do, without contacting anything (--live reads the Proxmox API and each node's server)."""
     from gpunode.derive import plan as planning
     from gpunode.render import print_plan
 
@@ -47,6 +48,12 @@ def plan(
                 _die(UNREACHABLE, [f"{host.name}: {exc}"])
             except PveError as exc:
                 _die(FAILED, [f"{host.name}: {exc}"])
+        from gpunode.rolling.forecast import foresee
+
+        forecasts = foresee(list(hf.hosts))
+        for host, host_plan in zip(hf.hosts, plans):
+            forecast = forecasts[host.name]
+            host_plan.forecast = {"action": forecast.action, "reason": forecast.reason, "line": forecast.line()}
     router = planning.router_plan(hf)
     if as_json:
         typer.echo(planning.as_json(plans, router))

@@ -27,3 +27,8 @@ DockerUrlOpt = Annotated[Optional[str], typer.Option("--docker-url", help="the D
 VerboseOpt = Annotated[int, typer.Option("-v", count=True, help="more Ansible output in the log")]
 VaultOpt = Annotated[Optional[Path], typer.Option("--vault-password-file", help="for {vault: PATH} secrets")]
 LocalOpt = Annotated[bool, typer.Option("--local", help="run it on THIS machine instead of the node (see --help)")]
+RollingOpt = Annotated[Optional[bool], typer.Option(
+    "--rolling/--all-at-once", help="with a router: --rolling takes every serving host out of the router, changes it and "
+                                    "puts it back, one batch at a time (router.rolling); --all-at-once changes every "
+                                    "host together. Neither: rolling only when the change restarts serving servers",
+    show_default=False)]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpunode.cli.common import STAGE_CODES, app, _with_codes
-from gpunode.cli.options import CheckOpt, DiffOpt, HostFileArg, JsonOpt, LimitOpt, VaultOpt, VerboseOpt
+from gpunode.cli.options import CheckOpt, DiffOpt, HostFileArg, JsonOpt, LimitOpt, RollingOpt, VaultOpt, VerboseOpt
 from gpunode.cli.stagerun import run_stages
 
 
@@ -26,6 +26,7 @@ def provision(
     adopt: Annotated[bool, typer.Option(
         "--adopt", help="take over an existing container gpunode did not make: show the full diff, then "
                         "converge and mark it")] = False,
+    rolling: RollingOpt = None,
     vault_password_file: VaultOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -34,10 +35,12 @@ def provision(
 
     An existing container without gpunode's tag is never changed (exit 1, naming it) unless
     --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).
+    With a router, a change that restarts serving servers goes one batch of hosts at a time, each
+    taken out of the router first (README "Day two").
     """
     run_stages(path, tags, start, check=check, diff=diff, limit=limit,
                restart_container=restart_container, recreate_container=recreate_container, adopt=adopt,
-               vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
+               rolling=rolling, vault_password_file=vault_password_file, as_json=as_json, verbose=verbose)
 
 
 def _stage_verb(name: str, summary: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -26,8 +26,8 @@ def _limit_names(hf: HostFile) -> list[str]:
 
 def run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: bool, diff: bool,
                limit: str | None, restart_container: bool = False, recreate_container: bool = False,
-               adopt: bool = False, vault_password_file: Path | None = None, as_json: bool = False,
-               verbose: int = 0) -> NoReturn:
+               adopt: bool = False, rolling: bool | None = None, vault_password_file: Path | None = None,
+               as_json: bool = False, verbose: int = 0) -> NoReturn:
     """The collection's provision playbook through ansible-runner, the stages selected by tags, a
     recap from runner stats. Every flag and name is checked first: nothing runs on bad input."""
     from gpunode.ground import stagelist as stage_list
@@ -47,6 +47,13 @@ def run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: 
             _die(BAD_INPUT, [f"--tags {','.join(before)} with --from {start}: {', '.join(before)} {verb} before "
                              f"{start} and would not run; give --tags or --from"])
     hf = _load(path)
+    if rolling is True and hf.router is None:
+        _die(BAD_INPUT, [f"{path}: --rolling: the host file has no router: section, so there is no server to take out "
+                         "of one (hosts without a router restart together)"])
+    if rolling is True and (check or adopt):
+        _die(BAD_INPUT, [f"--rolling with {'--check' if check else '--adopt'}: "
+                         + ("--check changes nothing, so nothing rolls" if check else
+                            "--adopt takes containers over in one run; give one or the other")])
     if limit is not None:
         _names("--limit", [limit], _limit_names(hf), "host", where=f"{path}: --limit: ")
     try:
@@ -85,17 +92,28 @@ def run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: 
             for name, why in lab_skipped.items():
                 console.print(f"lab: not running stage {name}: {why} "
                               f"(--tags {name} runs it anyway)", markup=False)
-            summary = run_provision(
-                hf, chosen, check=check, diff=diff, limit=inventory.limit_pattern(hf, limit), verbosity=verbose,
-                console=console, secrets=secrets,
-                extravars={"gpunode_allow_restart": restart_container, "gpunode_allow_recreate": recreate_container},
-                vault_password_file=vault_password_file, adopt=adopt)
+            def one_run(names: list[str], hosts: list[str] | None) -> Any:
+                return run_provision(
+                    hf, names, check=check, diff=diff, verbosity=verbose, console=console, secrets=secrets,
+                    limit=inventory.limit_pattern(hf, limit if hosts is None else ",".join(hosts)),
+                    extravars={"gpunode_allow_restart": restart_container,
+                               "gpunode_allow_recreate": recreate_container},
+                    vault_password_file=vault_password_file, adopt=adopt)
+
+            roll = None
+            if check or adopt:
+                summary = one_run(chosen, None)
+            else:
+                from gpunode.rolling.roll import run as rolled
+
+                summary, roll = rolled(hf, chosen, limit, rolling, restart_container or recreate_container, one_run,
+                                       console)
     except SecretUnavailable as exc:
         _die(BAD_INPUT, [f"{path}: {exc}"])
     if as_json:
         from dataclasses import asdict
 
-        typer.echo(json.dumps(asdict(summary), indent=2))
+        typer.echo(json.dumps({**asdict(summary), "roll": roll.as_dict() if roll is not None else None}, indent=2))
     else:
         print_recap(summary, Console(highlight=False))
     raise typer.Exit(summary.exit_code)

@@ -143,6 +143,8 @@ class HostPlan:
     # Filled only by `plan --live` (gpunode.stages.container.live.Ownership): whose container the vmid is,
     # the Proxmox VE version and what a provision would apply at once or at the restart.
     ownership: dict[str, Any] | None = None
+    # Filled only by `plan --live` (gpunode.rolling.forecast): what a provision would do to the server now.
+    forecast: dict[str, str] | None = None
 
 
 def plan_host(host: Host) -> HostPlan:
@@ -210,8 +212,24 @@ def model_section(host: Host, derived: Derived) -> dict[str, Any]:
                          "--recreate-container DESTROYS them with the container's disk (model.source: node_path)")}
 
 
+def restart_note(hostfile: HostFile) -> str:
+    """What a change that restarts a server (its image, flags, environment, key or hand-off) does to
+    the serving: rolled behind a router, or a stop of the only server, said before it happens."""
+    if hostfile.router is not None:
+        return ("a change that restarts this server goes through the roll: taken out of the router and drained "
+                "first, changed, put back once it serves, one batch of hosts at a time (router.rolling)")
+    if len(hostfile.hosts) == 1:
+        return ("a change that restarts this server stops the only server: nothing serves for the minutes a start "
+                "takes (a second host behind a router would keep serving)")
+    return ("a change that restarts the servers restarts every host's in the same run: with no router, nothing takes "
+            "a server out of rotation first")
+
+
 def make_plan(hostfile: HostFile) -> list[HostPlan]:
-    return [plan_host(host) for host in hostfile.hosts]
+    plans = [plan_host(host) for host in hostfile.hosts]
+    for plan in plans:
+        plan.server["restart"] = restart_note(hostfile)
+    return plans
 
 
 def router_plan(hostfile: HostFile) -> dict[str, Any] | None:
@@ -231,6 +249,12 @@ def router_plan(hostfile: HostFile) -> dict[str, Any] | None:
             "command": "python3 /opt/gpunode/router_launch.py " + " ".join(derived.argv)
             + (" (+ --api-key from the key file, never on the command line)" if router.api_key else ""),
             "metrics": f"127.0.0.1:{router.metrics_port} on the router machine (Prometheus; per-worker request counts)",
+            "rolling": {"batch": router.rolling.batch, "max_fail_percent": router.rolling.max_fail_percent,
+                        "drain_timeout_s": router.rolling.drain_timeout_s,
+                        "order": [[host.name for host in hostfile.hosts[start:start + router.rolling.batch]]
+                                  for start in range(0, len(hostfile.hosts), router.rolling.batch)],
+                        "when": "a provision whose change restarts serving servers (plan --live says whose), or "
+                                "--rolling; --all-at-once never"},
             "workers": [w.model_dump() for w in derived.workers],
             "stage": {"name": stage.name, "summary": stage.summary, "checks": list(stage.checks)}}
 

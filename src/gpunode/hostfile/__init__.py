@@ -78,6 +78,7 @@ from gpunode.hostfile.schema import (
     PathValue,
     Prepare,
     ProxmoxApi,
+    Rolling,
     Router,
     RouterImage,
     SecretRef,

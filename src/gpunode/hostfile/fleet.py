@@ -60,6 +60,10 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         if host.served_name != served:
             problems.append(at(src, ("hosts", index, "model", "served_name"), f"{host.served_name!r}: the router serves one "
                                     f"model, and hosts[0] serves {served!r}"))
+    if len(hf.hosts) > 1 and router.rolling.batch >= len(hf.hosts):
+        problems.append(at(src, ("router", "rolling", "batch"), f"{router.rolling.batch} takes every one of the "
+                                f"{len(hf.hosts)} hosts out of the router at once: nothing would serve during a change; "
+                                f"give at most {len(hf.hosts) - 1}"))
     # The machine it runs on: a host's GPU node, named or at the same address, or one of its own.
     runs_on = router.runs_on
     on_host = hf.router_host or next((host for host in hf.hosts if isinstance(runs_on, Ssh)

@@ -905,6 +905,17 @@ class RouterImage(Strict):
         return value
 
 
+class Rolling(Strict):
+    """How a change that restarts servers goes through the fleet (gpunode.rolling): ``batch`` hosts at a
+    time, each taken out of the router and drained first; a batch stops the roll when more than
+    ``max_fail_percent`` of it fails (Ansible's serial and max_fail_percentage)."""
+
+    batch: Annotated[int, Field(ge=1, le=1000)] = 1
+    max_fail_percent: Annotated[int, Field(ge=0, le=100)] = 0
+    # How long a drain waits for the requests a server holds to end before its restart goes on.
+    drain_timeout_s: Annotated[int, Field(ge=0, le=86400)] = 300
+
+
 class Router(Strict):
     """SGLang's router (sglang-router) in front of every host's server: one endpoint for the fleet."""
 
@@ -926,6 +937,7 @@ class Router(Strict):
     # three failed checks and comes back after two good ones (the router's own thresholds).
     health_check_interval_s: Annotated[int, Field(ge=1, le=3600)] = 10
     image: RouterImage = RouterImage()
+    rolling: Rolling = Rolling()
 
     @field_validator("bind")
     @classmethod

@@ -13,18 +13,21 @@ each worker's upstream calls (``smg_worker_cb_outcomes_total{worker, outcome}``)
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
+from gpunode.ground.metrics import by_label
 from gpunode.ground.redact import redact
 
 TIMEOUT_S = 10.0
 # smg_worker_cb_outcomes_total{worker="http://10.0.3.10:30000",outcome="success"} 4
-_OUTCOME = re.compile(r'^smg_worker_cb_outcomes_total\{worker="([^"]+)",outcome="([a-z_]+)"\}\s+([0-9.e+]+)$', re.M)
+OUTCOMES = "smg_worker_cb_outcomes_total"
+# The requests the router is proxying to each worker now (a gauge, label "worker"; the name is in
+# sglang-router 0.3.2's binary, sglang_router_rs.abi3.so).
+ACTIVE = "smg_worker_requests_active"
 
 
 class RouterUnavailable(Exception):
@@ -113,10 +116,14 @@ class RouterApi:
 def worker_requests(metrics_text: str) -> dict[str, int]:
     """Requests the router sent to each worker (its upstream calls, successful or not), from its
     Prometheus metrics."""
-    counts: dict[str, int] = {}
-    for url, _outcome, value in _OUTCOME.findall(metrics_text):
-        counts[url] = counts.get(url, 0) + int(float(value))
-    return counts
+    return {url: int(value) for url, value in by_label(metrics_text, OUTCOMES, "worker").items()}
+
+
+def worker_in_flight(metrics_text: str, url: str) -> int | None:
+    """The requests the router is proxying to ``url`` now, by its own gauge; None when it lists none
+    for that worker (it has not sent it one yet, or this router has no such gauge)."""
+    found = by_label(metrics_text, ACTIVE, "worker")
+    return int(found[url]) if url in found else None
 
 
 def read_metrics(url: str) -> str:

@@ -93,6 +93,60 @@ def _say_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     _say(console, f"  fix:  {diagnosis.fix}")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The server container as run_serve would make it: the engine, the spec, the key, the hand-off."""
+
+    client: docker.DockerClient
+    spec: dict[str, Any]
+    api_key: str | None
+    handoff: handoffs.GpuHandoff
+    local: bool
+
+
+class NotPrepared(Exception):
+    """No spec can be made: ``exit_code`` and the line the server's output says (the message names a
+    SecretRef or profile, never a secret's value)."""
+
+    def __init__(self, exit_code: int, message: str, said: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.said = said
+
+
+def prepare(host: Host, image_tag: str, docker_url: str | None, *, gpu_handoff: handoffs.GpuHandoff | None = None,
+            dev_root: Path = Path("/dev"), name: str = specs.CONTAINER_NAME, memlock_bytes: int = -1,
+            engine_is_local: bool | None = None, launch: profiles.Launch | None = None) -> Prepared:
+    """The container spec for ``host`` on the engine at ``docker_url`` (see run_serve for the
+    keywords): the one place both starting the server and foreseeing what a start would do build
+    it, so that both compare the same spec. Raises NotPrepared."""
+    local = is_local_daemon(docker_url) if engine_is_local is None else engine_is_local
+    try:
+        launch = launch or server_launch(host)
+        api_key = host.server.api_key.resolve() if host.server.api_key else None
+    except (profiles.ProfileError, LookupError, OSError) as exc:
+        raise NotPrepared(EXIT_BAD_INPUT, str(exc), f"server: error: {exc}") from None
+    try:
+        client = connect(docker_url)
+        handoff = gpu_handoff or handoffs.choose(
+            client.info(), host.container.gpus, local=local, configured=host.container.gpu_handoff, dev_root=dev_root)
+    except docker.errors.DockerException as exc:
+        raise NotPrepared(EXIT_UNREACHABLE, str(exc), f"server: error: Docker at {docker_url or 'the default socket'} "
+                                                      f"is unreachable: {exc}") from None
+    except handoffs.HandoffError as exc:
+        raise NotPrepared(EXIT_FAILED, str(exc), f"server: error: {exc}") from None
+    spec = build_spec(host, image_tag, handoff, api_key is not None, name, memlock_bytes, launch)
+    return Prepared(client, spec, api_key, handoff, local)
+
+
+def foresee(host: Host, image_tag: str, docker_url: str | None, **keywords: Any) -> docker_run.Decision:
+    """What run_serve would do to the server container now (kept, started, created, replaced, and
+    why), without doing it; ``keywords`` as run_serve takes them. Raises NotPrepared, or ServeError
+    for a container of the name that gpunode did not start."""
+    prepared = prepare(host, image_tag, docker_url, **keywords)
+    return docker_run.decide(prepared.client, prepared.spec, docker_run.server_key(prepared.api_key))
+
+
 def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Console, timeout_s: float, *,
               gpu_handoff: handoffs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
               poll_s: float = readiness.POLL_S, name: str = specs.CONTAINER_NAME,
@@ -102,26 +156,15 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
     the unlimited memlock (tests and labs on machines that cannot give it). ``engine_is_local``
     False says that a unix socket is an SSH forward of the node's engine: the server's port is on
     the node, so readiness is probed from inside the container."""
-    local = is_local_daemon(docker_url) if engine_is_local is None else engine_is_local
     try:
-        launch = launch or server_launch(host)
-        api_key = host.server.api_key.resolve() if host.server.api_key else None
-    except (profiles.ProfileError, LookupError, OSError) as exc:
-        # The message names the SecretRef or profile, never a secret's value.
-        _say(console, f"server: error: {exc}")
-        return ServeOutcome(EXIT_BAD_INPUT, messages=[str(exc)])
-    try:
-        client = connect(docker_url)
-        handoff = gpu_handoff or handoffs.choose(
-            client.info(), host.container.gpus, local=local, configured=host.container.gpu_handoff, dev_root=dev_root)
-    except docker.errors.DockerException as exc:
-        _say(console, f"server: error: Docker at {docker_url or 'the default socket'} is unreachable: {exc}")
-        return ServeOutcome(EXIT_UNREACHABLE, messages=[str(exc)])
-    except handoffs.HandoffError as exc:
-        _say(console, f"server: error: {exc}")
-        return ServeOutcome(EXIT_FAILED, messages=[str(exc)])
+        prepared = prepare(host, image_tag, docker_url, gpu_handoff=gpu_handoff, dev_root=dev_root, name=name,
+                           memlock_bytes=memlock_bytes, engine_is_local=engine_is_local, launch=launch)
+    except NotPrepared as exc:
+        _say(console, exc.said)
+        return ServeOutcome(exc.exit_code, messages=[str(exc)])
+    client, spec, api_key, handoff, local = (prepared.client, prepared.spec, prepared.api_key, prepared.handoff,
+                                             prepared.local)
     secrets = (api_key,) if api_key else ()
-    spec = build_spec(host, image_tag, handoff, api_key is not None, name, memlock_bytes, launch)
     try:
         start = docker_run.ensure_server(client, spec, api_key)
     except docker_run.ServeError as exc:

@@ -196,16 +196,30 @@ def ensure_server(client: docker.DockerClient, spec: Mapping[str, Any], api_key:
     return ensure_container(client, spec, server_key(api_key), stop_timeout_s)
 
 
-def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None = None,
-                     stop_timeout_s: int = 30) -> StartResult:
-    """Make the container named in ``spec`` match it (see the module docstring)."""
+@dataclass(frozen=True)
+class Decision:
+    """What ``ensure_container`` does to the container named in a spec, decided before it acts: the
+    serve stage acts on it, check mode and a rolling change read it (a ``replaced`` or ``created``
+    server does not serve for the minutes a start takes)."""
+
+    action: Action
+    reason: str
+    current: Container | None = None
+
+    @property
+    def restarts(self) -> bool:
+        """Whether acting on it stops a server that may be serving now (or starts one that is not)."""
+        return self.action != "kept"
+
+
+def decide(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None = None) -> Decision:
+    """Kept, started, created or replaced, and why (see the module docstring); a container of the
+    name that gpunode did not start is refused (ServeError), never touched."""
     name = spec["name"]
     role = spec["labels"][specs.LABEL_ROLE]
-    wanted = spec["labels"][specs.LABEL_HASH]
     current = find_container(client, name)
     if current is None:
-        made = create_and_start(client, spec, key)
-        return StartResult("created", made.id, name, f"no {name} container yet", wanted)
+        return Decision("created", f"no {name} container yet")
     if (current.labels or {}).get(specs.LABEL_ROLE) != role:
         raise ServeError(foreign_message(current, role))
     differs = changed_settings(current, spec)
@@ -213,18 +227,33 @@ def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: 
     if not differs and key_ok:
         current.reload()
         if current.status in ("running", "restarting"):
-            return StartResult("kept", current.id, name, "same settings, already running", wanted)
+            return Decision("kept", "same settings, already running", current)
+        return Decision("started", f"same settings; it was {current.status}", current)
+    reason = "changed: " + ", ".join(differs) if differs else "changed: the API key"
+    if differs and not key_ok:
+        reason += ", the API key"
+    return Decision("replaced", reason, current)
+
+
+def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None = None,
+                     stop_timeout_s: int = 30) -> StartResult:
+    """Make the container named in ``spec`` match it (see the module docstring)."""
+    name = spec["name"]
+    wanted = spec["labels"][specs.LABEL_HASH]
+    decision = decide(client, spec, key)
+    current = decision.current
+    if decision.action == "kept" and current is not None:
+        return StartResult("kept", current.id, name, decision.reason, wanted)
+    if decision.action == "started" and current is not None:
         try:
             current.start()
         except docker.errors.DockerException as exc:
             raise _docker_failure(exc, spec) from exc
-        return StartResult("started", current.id, name, f"same settings; it was {current.status}", wanted)
-    reason = "changed: " + ", ".join(differs) if differs else "changed: the API key"
-    if differs and not key_ok:
-        reason += ", the API key"
-    remove_container(current, stop_timeout_s)
+        return StartResult("started", current.id, name, decision.reason, wanted)
+    if current is not None:
+        remove_container(current, stop_timeout_s)
     made = create_and_start(client, spec, key)
-    return StartResult("replaced", made.id, name, reason, wanted)
+    return StartResult(decision.action, made.id, name, decision.reason, wanted)
 
 
 # ----------------------------------------------------------------------------- watching

@@ -23,7 +23,7 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
     from gpunode.stages.serve.command import run_serve
 
     if check_mode:
-        return StageResult(summary=["serve: started only in a real run"])
+        return _foreseen(target, fw)
     from gpunode.stages.engine import link_count, read_file
     from gpunode.stages.model.stage import RECORD, refusal, stale_mount
 
@@ -45,6 +45,46 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
     failed = outcome.exit_code != 0
     return StageResult(changed=action in ("started", "created", "replaced"), failed=failed,
                        summary=lines, data=outcome.as_dict(), cause=outcome.cause() if failed else None)
+
+
+VERB = {"kept": "keep", "started": "start", "created": "create", "replaced": "replace"}
+
+
+def foresee(target: Target, fw: Forward) -> Any:
+    """What the serve stage would do to the node's server now (a docker_run.Decision), decided by the
+    code that acts on it, from the same spec; nothing is changed. A server image that is not on the
+    node's engine yet (the image stage builds it) is a new image: the server is replaced."""
+    import docker
+
+    from gpunode.stages.serve import command, docker_run
+    from gpunode.derive.serverspec import CONTAINER_NAME
+
+    client = docker_client(fw.docker_url)
+    try:
+        client.images.get(target.derived.server_image)
+    except docker.errors.ImageNotFound:
+        current = docker_run.find_container(client, CONTAINER_NAME)
+        why = f"the image {target.derived.server_image} is not on the node's engine yet"
+        return (docker_run.Decision("replaced", f"changed: image ({why})", current) if current is not None
+                else docker_run.Decision("created", f"no {CONTAINER_NAME} container yet"))
+    settings, _notes = node_settings(target, fw.docker_url)
+    return command.foresee(target.host, target.derived.server_image, fw.docker_url, launch=target.derived.launch,
+                           **settings)
+
+
+def _foreseen(target: Target, fw: Forward) -> StageResult:
+    """Check mode: what a real run would do to the server, said, and changed when it would restart it."""
+    from gpunode.catalogue.handoff import HandoffError
+    from gpunode.stages.serve.command import NotPrepared
+    from gpunode.stages.serve.docker_run import ServeError
+
+    try:
+        decision = foresee(target, fw)
+    except (NotPrepared, ServeError, HandoffError) as exc:
+        return StageResult(failed=True, summary=[f"serve: {exc}"])
+    return StageResult(changed=decision.restarts, summary=[f"serve: would {VERB[decision.action]} the server "
+                                                            f"({decision.reason})"],
+                       data={"foreseen": {"action": decision.action, "reason": decision.reason}})
 
 
 def node_settings(target: Target, docker_url: str) -> tuple[dict[str, Any], list[str]]:
