@@ -66,16 +66,16 @@ def test_verify_passes_on_the_variant(aot_report: VerifyReport) -> None:
 
 
 def test_the_toolchain_is_cuda_13_and_compiles_for_sm_120a(aot_report: VerifyReport) -> None:
-    found = {f.name: f for f in aot_report.findings}
-    assert found["nvcc"].detail.startswith("/usr/local/cuda/bin/nvcc: CUDA 13.0.")
-    assert found["nvcc compiles for 12.0a"].ok and "target sm_120" in found["nvcc compiles for 12.0a"].detail
+    found = {f.code: f for f in aot_report.findings}
+    assert found["nvcc"].message.startswith("/usr/local/cuda/bin/nvcc: CUDA 13.0.")
+    assert found["nvcc compiles for 12.0a"].ok and "target sm_120" in found["nvcc compiles for 12.0a"].message
 
 
 def test_the_module_is_found_by_flashinfers_lookup_with_sm120_sass(aot_report: VerifyReport) -> None:
-    module = next(f for f in aot_report.findings if f.name == f"flashinfer aot {MLA}")
+    module = next(f for f in aot_report.findings if f.code == f"flashinfer aot {MLA}")
     assert module.ok
-    assert f"/flashinfer/data/aot/{MLA}/{MLA}.so" in module.detail
-    assert "SASS sm_120" in module.detail
+    assert f"/flashinfer/data/aot/{MLA}/{MLA}.so" in module.message
+    assert "SASS sm_120" in module.message
 
 
 def test_the_labels_record_what_verify_checks(aot_built: BuildResult, engine: docker.DockerClient,
@@ -89,7 +89,7 @@ def test_the_labels_record_what_verify_checks(aot_built: BuildResult, engine: do
 
 def test_verify_by_tag_alone_reads_the_modules_from_the_labels(aot_built: BuildResult, aot_host: Host) -> None:
     report = verify(aot_built.tag, list(derive.server_launch(aot_host).argv), None, kernels=False)
-    assert [f.name for f in report.findings if f.name.startswith("flashinfer aot")] == [f"flashinfer aot {MLA}"]
+    assert [f.code for f in report.findings if f.code.startswith("flashinfer aot")] == [f"flashinfer aot {MLA}"]
     assert report.ok
 
 
@@ -99,8 +99,8 @@ def test_a_module_missing_from_the_aot_directory_fails_verify(aot_built: BuildRe
     (a launch with JIT disabled would fail there)."""
     other = make_lab_host(tmp_path, toolchain="pypi-cuda-13.0", flashinfer_aot=["fp4_quantization_120"])
     report = verify(aot_built.tag, list(derive.server_launch(other).argv), None, aot=derive.aot_plan(other), kernels=False)
-    missing = next(f for f in report.findings if f.name == "flashinfer aot fp4_quantization_120")
-    assert not missing.ok and "not in FlashInfer's AOT directory" in missing.detail
+    missing = next(f for f in report.findings if f.code == "flashinfer aot fp4_quantization_120")
+    assert not missing.ok and "not in FlashInfer's AOT directory" in missing.message
 
 
 @pytest.mark.parametrize("flags", [{}, {"--fp4-gemm-backend": "flashinfer_cutlass"}, {"--tp-size": 1}],

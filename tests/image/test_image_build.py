@@ -45,7 +45,7 @@ def report(built: BuildResult) -> VerifyReport:
 
 
 def finding(report: VerifyReport, name: str) -> Finding:
-    return next(f for f in report.findings if f.name == name)
+    return next(f for f in report.findings if f.code == name)
 
 
 def test_the_image_is_built_under_its_content_tag(built: BuildResult, engine: docker.DockerClient,
@@ -68,9 +68,9 @@ def test_verify_passes_every_check_the_image_can_pass(report: VerifyReport) -> N
                                         "transformers", "nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12")]
     expected_ok += ["torch CUDA", "ptxas", "patch 0001-flashinfer-autotune-cutlass.patch", "server flags",
                     "GLM-5 support", "kernels torch", "kernels sgl_kernel"]
-    failed = {f.name: f.detail for f in report.findings if f.name in expected_ok and not f.ok}
+    failed = {f.code: f.message for f in report.findings if f.code in expected_ok and not f.ok}
     assert not failed, failed
-    assert finding(report, "torch CUDA").detail.startswith("torch 2.9.1")
+    assert finding(report, "torch CUDA").message.startswith("torch 2.9.1")
 
 
 def test_verify_reports_the_missing_nvcc_precisely(report: VerifyReport) -> None:
@@ -78,35 +78,35 @@ def test_verify_reports_the_missing_nvcc_precisely(report: VerifyReport) -> None
     # no registry this project reaches has nvcc 12.8: verify must say so, not pass it (README).
     nvcc = finding(report, "nvcc")
     assert not nvcc.ok
-    assert nvcc.detail == ("no nvcc in the image (FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at "
+    assert nvcc.message == ("no nvcc in the image (FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at "
                            "the first request, and the server stops there without it. Fix: image.base "
                            "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 (CUDA 12.8's toolchain))")
     # Nothing was built ahead of time either: the launch has no way to get FlashInfer's SM120 kernels.
     assert not finding(report, "nvcc compiles for 12.0a").ok
     aot = finding(report, "flashinfer aot")
-    assert not aot.ok and "no nvcc to compile one at first use" in aot.detail
+    assert not aot.ok and "no nvcc to compile one at first use" in aot.message
     assert not report.ok
 
 
 def test_verify_reports_sm120_per_library(report: VerifyReport) -> None:
-    names = {f.name for f in report.findings if f.name.startswith("kernels ")}
+    names = {f.code for f in report.findings if f.code.startswith("kernels ")}
     assert names == {"kernels torch", "kernels sgl_kernel", "kernels flashinfer"}
     # What these wheels really ship (README): torch has sm_120 SASS; sgl-kernel's common_ops has
     # sm_120a SASS while its FA3 and FlashMLA ops have none; flashinfer-cubin 0.6.3 ships
     # sm_100/sm_103 cubins only, so FlashInfer on SM120 depends on its JIT (and so on nvcc).
-    assert f"SASS for {TARGET_ARCH}: " in finding(report, "kernels torch").detail
-    assert "sm_120 exact" in finding(report, "kernels torch").detail
-    sgl = finding(report, "kernels sgl_kernel").detail
+    assert f"SASS for {TARGET_ARCH}: " in finding(report, "kernels torch").message
+    assert "sm_120 exact" in finding(report, "kernels torch").message
+    sgl = finding(report, "kernels sgl_kernel").message
     assert "sm_120a arch-specific" in sgl and "flash_ops.abi3.so" in sgl
     flashinfer = finding(report, "kernels flashinfer")
-    assert not flashinfer.ok and "SASS for sm_120: 0;" in flashinfer.detail
+    assert not flashinfer.ok and "SASS for sm_120: 0;" in flashinfer.message
 
 
 def test_wrong_pin_is_reported_as_a_mismatch(built: BuildResult) -> None:
     wrong = verify(built.tag, profile_argv(), None, pins={"sglang": "0.5.8", "transformers": "5.3.0"},
                    kernels=False)
-    assert finding(wrong, "pin sglang").detail == "MISMATCH: sglang 0.5.9 installed, pinned 0.5.8"
-    assert finding(wrong, "pin transformers").detail == "MISMATCH: transformers 5.2.0 installed, pinned 5.3.0"
+    assert finding(wrong, "pin sglang").message == "MISMATCH: sglang 0.5.9 installed, pinned 0.5.8"
+    assert finding(wrong, "pin transformers").message == "MISMATCH: transformers 5.2.0 installed, pinned 5.3.0"
     assert finding(wrong, "pin torch").ok
 
 
@@ -126,16 +126,16 @@ def test_bad_profile_flag_is_rejected_by_sglangs_parser(built: BuildResult, flag
     bad = verify(built.tag, with_flag(profile_argv(), flag, value), None, kernels=False)
     flags = finding(bad, "server flags")
     assert not flags.ok
-    assert message in flags.detail
+    assert message in flags.message
 
 
 def test_misspelt_flag_and_abbreviation(built: BuildResult) -> None:
     misspelt = verify(built.tag, profile_argv() + ["--disable-radix-cahce"], None, kernels=False)
-    assert "unrecognized arguments: --disable-radix-cahce" in finding(misspelt, "server flags").detail
+    assert "unrecognized arguments: --disable-radix-cahce" in finding(misspelt, "server flags").message
     # --tp is accepted only as argparse's abbreviation of --tp-size (FIELD-NOTES s5): a typed int still applies.
     abbreviated = verify(built.tag, ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8x"],
                          None, kernels=False)
-    assert "invalid int value: '8x'" in finding(abbreviated, "server flags").detail
+    assert "invalid int value: '8x'" in finding(abbreviated, "server flags").message
 
 
 def test_broken_patch_fails_at_its_own_step(built: BuildResult, image_spec: Image, tmp_path: Path,

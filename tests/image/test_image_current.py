@@ -36,7 +36,7 @@ def report(current_built: BuildResult, current_host: Host) -> VerifyReport:
 def test_verify_passes_on_the_current_stack(report: VerifyReport) -> None:
     print(report.to_json())
     assert report.ok, report.failed()
-    names = {f.name for f in report.findings}
+    names = {f.code for f in report.findings}
     # Every part the stack names was checked, not skipped.
     assert {"pin sglang", "pin sgl-deep-gemm", "torch CUDA", "nvcc", "ptxas", "nvcc compiles for 12.0f",
             "kernels sgl_kernel", "server flags", "GLM-5 support", "symbols deep_gemm/_C.so",
@@ -44,20 +44,20 @@ def test_verify_passes_on_the_current_stack(report: VerifyReport) -> None:
 
 
 def test_each_jit_user_finds_the_images_nvcc(report: VerifyReport) -> None:
-    found = {f.name: f for f in report.findings}
+    found = {f.code: f for f in report.findings}
     for library in ("flashinfer", "deep_gemm", "sglang"):
         finding = found[f"nvcc found by {library}"]
-        assert finding.ok and "/usr/local/cuda-13.0/bin/nvcc: CUDA 13.0." in finding.detail, finding
+        assert finding.ok and "/usr/local/cuda-13.0/bin/nvcc: CUDA 13.0." in finding.message, finding
 
 
 def test_the_prebuilt_modules_hold_sm120_code_and_load_without_jit(report: VerifyReport,
                                                                     current_built: BuildResult) -> None:
-    found = {f.name: f for f in report.findings}
+    found = {f.code: f for f in report.findings}
     for name in ("sparse_mla_sm120", "fp4_quantization_120f"):
         finding = found[f"flashinfer aot {name}"]
-        assert finding.ok and "SASS sm_120" in finding.detail and "/flashinfer/data/aot/" in finding.detail
-    assert "sm_120a arch-specific" in found["kernels sgl_kernel"].detail
-    assert found["torch CUDA"].detail.startswith("torch 2.14.1") and "CUDA 13.0" in found["torch CUDA"].detail
+        assert finding.ok and "SASS sm_120" in finding.message and "/flashinfer/data/aot/" in finding.message
+    assert "sm_120a arch-specific" in found["kernels sgl_kernel"].message
+    assert found["torch CUDA"].message.startswith("torch 2.14.1") and "CUDA 13.0" in found["torch CUDA"].message
 
 
 def test_the_stacks_module_names_are_flashinfers_own(current_built: BuildResult, engine: docker.DockerClient) -> None:

@@ -145,7 +145,7 @@ GOOD = {"spec_name": MLA, "aot_path": f"/site/flashinfer/data/aot/{MLA}/{MLA}.so
 
 def test_a_module_in_the_aot_directory_with_target_sass_passes() -> None:
     (finding,) = aot_findings({MLA: GOOD}, [ENTRY], "12.0a", nvcc=True)
-    assert finding.ok and finding.name == f"flashinfer aot {MLA}" and "SASS sm_120a, target sm_120" in finding.detail
+    assert finding.ok and finding.code == f"flashinfer aot {MLA}" and "SASS sm_120a, target sm_120" in finding.message
 
 
 @pytest.mark.parametrize(("fact", "words"), [
@@ -156,12 +156,12 @@ def test_a_module_in_the_aot_directory_with_target_sass_passes() -> None:
 ])
 def test_a_module_that_a_launch_would_not_find_fails(fact: dict, words: str) -> None:
     (finding,) = aot_findings({MLA: fact}, [ENTRY], "12.0a", nvcc=True)
-    assert not finding.ok and words in finding.detail
+    assert not finding.ok and words in finding.message
 
 
 def test_no_modules_and_no_nvcc_is_a_failure_with_the_reason() -> None:
     (none,) = aot_findings({}, [], "12.0a", nvcc=False)
-    assert not none.ok and "no nvcc to compile one at first use" in none.detail
+    assert not none.ok and "no nvcc to compile one at first use" in none.message
     assert aot_findings({}, [], "12.0a", nvcc=True)[0].ok
 
 
@@ -169,21 +169,21 @@ def test_nvcc_compile_finding() -> None:
     assert nvcc_compile_finding({"ok": True, "sass": ["sm_120"]}, "12.0a").ok
     assert not nvcc_compile_finding({"ok": True, "sass": ["sm_90"]}, "12.0a").ok
     failed = nvcc_compile_finding({"ok": False, "error": "no nvcc"}, "12.0a")
-    assert not failed.ok and failed.name == "nvcc compiles for 12.0a"
+    assert not failed.ok and failed.code == "nvcc compiles for 12.0a"
 
 
 def test_a_missing_nvcc_names_the_reason_and_the_fix() -> None:
-    findings = {f.name: f for f in judge({"tools": {"nvcc": {"path": None}}}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120",
+    findings = {f.code: f for f in judge({"tools": {"nvcc": {"path": None}}}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120",
                                          cuda_arch="12.0a")}
-    assert findings["nvcc"].detail.startswith("no nvcc in the image (FlashInfer compiles its SM120 kernels with "
+    assert findings["nvcc"].message.startswith("no nvcc in the image (FlashInfer compiles its SM120 kernels with "
                                               "$CUDA_HOME/bin/nvcc at the first request")
-    assert "Fix: image.base nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04" in findings["nvcc"].detail
+    assert "Fix: image.base nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04" in findings["nvcc"].message
 
 
 def test_the_toolchains_cuda_is_what_nvcc_is_judged_against() -> None:
     tools = {"nvcc": {"path": "/usr/local/cuda/bin/nvcc", "version": "Cuda compilation tools, release 13.0, V13.0.88"}}
-    assert {f.name: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120", tool_cuda="13.0")}["nvcc"].ok
-    assert not {f.name: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120")}["nvcc"].ok
+    assert {f.code: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120", tool_cuda="13.0")}["nvcc"].ok
+    assert not {f.code: f for f in judge({"tools": tools}, stacks.load(stacks.DEFAULT).versions(), stacks.load(stacks.DEFAULT), [], "sm_120")}["nvcc"].ok
 
 
 # ---- the H200 reading: a module built ahead of time ran with JIT disabled ----------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpunode.checks.run import CheckReport, CheckResult, as_json, render
+from gpunode.checks.run import CheckReport, as_json, render
+from gpunode.ground.result import CheckResult
 from gpunode.checks import LAYERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,10 +22,10 @@ LAB = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml"
 
 def report() -> CheckReport:
     return CheckReport([
-        CheckResult("serve", "node", "test_server_healthy", "fail", "/health_generate answered 503 -> run x"),
-        CheckResult("host", "pve", "test_hmm_option_configured", "pass"),
-        CheckResult("p2p", "node", "test_p2p_verdict", "skip", "lab: no GPU"),
-        CheckResult("host", "pve", "test_host_finding[hmm]", "pending", "reload nvidia_uvm"),
+        CheckResult("test_server_healthy", "fail", "/health_generate answered 503 -> run x", layer="serve", host="node"),
+        CheckResult("test_hmm_option_configured", "pass", layer="host", host="pve"),
+        CheckResult("test_p2p_verdict", "skip", "lab: no GPU", layer="p2p", host="node"),
+        CheckResult("test_host_finding[hmm]", "pending", "reload nvidia_uvm", layer="host", host="pve"),
     ])
 
 
@@ -123,11 +124,11 @@ def test_unreachable_hosts_one_line_each_exit_3(gpunode, tmp_path: Path) -> None
 
 
 def test_report_exit_codes_for_unreachable_and_nothing_run() -> None:
-    down = CheckReport([CheckResult("host", "pve", "test_a", "unreachable", "ssh: connect: Connection refused"),
-                        CheckResult("host", "pve", "test_b", "unreachable", "ssh: connect: Connection refused"),
-                        CheckResult("host", "other", "test_a", "pass")])
+    down = CheckReport([CheckResult("test_a", "unreachable", "ssh: connect: Connection refused", layer="host", host="pve"),
+                        CheckResult("test_b", "unreachable", "ssh: connect: Connection refused", layer="host", host="pve"),
+                        CheckResult("test_a", "pass", layer="host", host="other")])
     assert down.exit_code == 3 and down.unreachable() == {"pve": ("ssh: connect: Connection refused", 2)}
-    assert CheckReport([*down.results, CheckResult("host", "other", "test_b", "fail", "x")]).exit_code == 1
+    assert CheckReport([*down.results, CheckResult("test_b", "fail", "x", layer="host", host="other")]).exit_code == 1
     assert CheckReport([]).exit_code == 4 and CheckReport([], error="no check ran: x").exit_code == 4
     out = io.StringIO()
     render(down, Console(file=out, width=200, color_system=None))

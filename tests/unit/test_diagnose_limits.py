@@ -152,8 +152,8 @@ def test_the_pathological_megabyte_line_costs_a_pass() -> None:
     began = time.process_time()
     found = d.findings(log)
     assert time.process_time() - began < 5
-    assert [f.id for f in found] == ["nccl_error", "kv_cache_no_room"]
-    assert found[0].line == BY_KEY["nccl_error"]
+    assert [f.code for f in found] == ["nccl_error", "kv_cache_no_room"]
+    assert found[0].evidence == BY_KEY["nccl_error"]
     # Serve's failure path: the same matcher, the same cost.
     began = time.process_time()
     assert d.diagnose(PATHOLOGICAL + "\n" + BY_KEY["cuda_oom"], exit_code=1).key == "cuda_oom"
@@ -176,7 +176,7 @@ def test_a_long_line_is_cut_before_matching_and_shown_cut() -> None:
     assert d.findings(beyond) == []
     within = BY_KEY["nccl_error"] + " tail" * 100_000
     (found,) = d.findings(within)
-    assert found.id == "nccl_error" and len(found.line) == d.LINE_CHARS
+    assert found.code == "nccl_error" and len(found.evidence) == d.LINE_CHARS
 
 
 def test_no_pattern_backtracks_over_repeated_prefixes() -> None:
@@ -203,8 +203,8 @@ def test_no_match_spans_a_line_break() -> None:
     neither half names alone."""
     for key, text in REAL[::3]:
         for cut in range(1, len(text), 7):
-            halves = {f.id for f in d.findings(text[:cut]) + d.findings(text[cut:])}
-            broken = {f.id for f in d.findings(text[:cut] + "\n" + text[cut:])}
+            halves = {f.code for f in d.findings(text[:cut]) + d.findings(text[cut:])}
+            broken = {f.code for f in d.findings(text[:cut] + "\n" + text[cut:])}
             assert broken <= halves | {"unknown"}, (key, cut)
 
 
@@ -230,7 +230,7 @@ def chunked(text: str, size: int) -> Iterator[str]:
 @pytest.mark.parametrize("size", [1, 2, 7, 64, 1 << 20])
 def test_chunks_give_the_findings_of_the_whole_text(size: int) -> None:
     whole = d.findings(sample_log())
-    assert [f.id for f in whole] == ["weights_missing", "kv_cache_no_room", "nccl_watchdog"]
+    assert [f.code for f in whole] == ["weights_missing", "kv_cache_no_room", "nccl_watchdog"]
     assert d.scan(chunked(sample_log(), size)).findings() == whole
     # The source line of the traceback (after `File ...`) is passed over even across a chunk's edge.
     assert d.scan(chunked(sample_log(), size)).first["kv_cache_no_room"][2] == BY_KEY["kv_cache_no_room"]
@@ -279,7 +279,7 @@ def test_a_long_file_is_read_in_its_head_and_tail(tmp_path: Path, monkeypatch: p
     with logread.open_path(str(log)) as source:
         result = d.scan(source.chunks())
     # The start and the end are read; the middle is not, and the note says so.
-    assert [f.id for f in result.findings()] == ["bad_argument", "nan_in_sampling"]
+    assert [f.code for f in result.findings()] == ["bad_argument", "nan_in_sampling"]
     assert source.note is not None and source.note.startswith(f"{log} holds ")
     assert result.last_line == filler.rstrip("\n")
     code, stdout, stderr = cli(str(log), "--json")
@@ -321,5 +321,5 @@ def test_a_secret_cut_in_two_by_the_line_cut_is_not_shown_in_part() -> None:
     line = BY_KEY["weights_missing"] + " " + known + " "
     line += "y" * (logread.LINE_CHARS - len(line) - 8) + " tok-0123456789abcdef"  # cut after "tok-0123"
     (found,) = d.findings(line, secrets=(known, "tok-0123456789abcdef"))
-    assert found.id == "weights_missing" and "***" in found.line
-    assert "tok-" not in found.line and "K" * 10 not in found.line
+    assert found.code == "weights_missing" and "***" in found.evidence
+    assert "tok-" not in found.evidence and "K" * 10 not in found.evidence

@@ -143,8 +143,8 @@ REAL: list[tuple[str, str]] = [
 @pytest.mark.parametrize(("key", "text"), REAL, ids=[f"{k}-{i}" for i, (k, _) in enumerate(REAL)])
 def test_each_real_message_is_named(key: str, text: str) -> None:
     found = d.findings(text)
-    assert [f.id for f in found] == [key]
-    assert found[0].line == text.strip() and found[0].fix and found[0].cause
+    assert [f.code for f in found] == [key]
+    assert found[0].evidence == text.strip() and found[0].fix and found[0].cause
 
 
 def test_every_signature_has_a_real_message() -> None:
@@ -160,9 +160,9 @@ NOT_REAL = [
 
 
 def test_impossible_texts_from_the_old_stand_in_are_not_signatures() -> None:
-    assert [f.id for f in d.findings(NOT_REAL[0])] == ["unknown"]
+    assert [f.code for f in d.findings(NOT_REAL[0])] == ["unknown"]
     # 'NSAMetadata' declares the field (nsa_backend.py:140); the attribute name alone still names the bug.
-    assert [f.id for f in d.findings(NOT_REAL[1])] == ["page_table_1_flattened"]
+    assert [f.code for f in d.findings(NOT_REAL[1])] == ["page_table_1_flattened"]
 
 
 def test_findings_are_ordered_where_the_failure_began_and_symptoms_are_left_out() -> None:
@@ -173,10 +173,10 @@ def test_findings_are_ordered_where_the_failure_began_and_symptoms_are_left_out(
         "Traceback (most recent call last):",
         "RuntimeError: No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available.",
     ])
-    assert [f.id for f in d.findings(log)] == ["cuda_init_hmm"]  # no_gpu_visible follows from it
+    assert [f.code for f in d.findings(log)] == ["cuda_init_hmm"]  # no_gpu_visible follows from it
     later = "RuntimeError: Cannot find any model weights with `/model`\n" + \
             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.9"
-    assert [f.id for f in d.findings(later)] == ["weights_missing", "kv_cache_no_room"]
+    assert [f.code for f in d.findings(later)] == ["weights_missing", "kv_cache_no_room"]
 
 
 def test_a_healthy_log_has_no_findings_and_an_unnamed_failure_is_unknown() -> None:
@@ -186,7 +186,7 @@ def test_a_healthy_log_has_no_findings_and_an_unnamed_failure_is_unknown() -> No
     broken = "[x TP0] Scheduler hit an exception: Traceback (most recent call last):\n  File \"a.py\", line 1\n" \
              "KeyError: 'rope_theta'\n[x] Received sigquit from a child process. It usually means the child failed."
     (unknown,) = d.findings(broken)
-    assert unknown.id == "unknown" and "KeyError: 'rope_theta'" in unknown.line and "Received sigquit" in unknown.line
+    assert unknown.code == "unknown" and "KeyError: 'rope_theta'" in unknown.evidence and "Received sigquit" in unknown.evidence
 
 
 def test_secrets_never_reach_a_finding() -> None:
@@ -227,5 +227,5 @@ def test_the_stand_ins_failure_texts_are_the_real_ones() -> None:
     real = {text for _, text in REAL}
     for crash, (_phase, _who, lines) in TRACEBACKS.items():
         found = d.findings("\n".join(lines))
-        assert found and found[0].id != "unknown", crash
-        assert found[0].line in real, (crash, found[0].line)
+        assert found and found[0].code != "unknown", crash
+        assert found[0].evidence in real, (crash, found[0].evidence)

@@ -22,7 +22,7 @@ KEYS = "options nvidia NVreg_RegistryDwords=\"" + fabric.P2P_REGISTRY_DWORDS + "
 
 
 def found(facts: dict, modprobe: list | None = None, **expect: bool) -> dict:
-    return {f.name: f for f in evaluate_fabric(facts, modprobe or [], FabricExpectations(**expect))}
+    return {f.code: f for f in evaluate_fabric(facts, modprobe or [], FabricExpectations(**expect))}
 
 
 def gathered(root: Path, cmdline: str = "", params: str | None = 'ResmanDebugLevel: 4294967295\nRegistryDwords: ""\n') -> dict:
@@ -39,11 +39,11 @@ def test_the_h200_recording_has_nothing_to_redirect_and_a_full_bar1(tmp_path: Pa
     with tarfile.open(RECORDING) as tar:
         tar.extractall(tmp_path, filter="data")
     result = found(pci_fabric.gather(str(tmp_path / "sysroot")))
-    assert [(f.name, f.status) for f in result.values()] == [("acs", "ok"), ("bar1", "ok"), ("p2p_mode", "ok"),
+    assert [(f.code, f.severity) for f in result.values()] == [("acs", "ok"), ("bar1", "ok"), ("p2p_mode", "ok"),
                                                              ("aspm", "warn")]
-    assert result["acs"].detail.startswith("no bridge above the GPUs")
-    assert result["bar1"].detail == "BAR1 256 GiB on 1 GPU(s): Resizable BAR is on"
-    assert result["aspm"].detail.startswith("PCIe link power management is on (pcie_aspm=(kernel default)")
+    assert result["acs"].message.startswith("no bridge above the GPUs")
+    assert result["bar1"].message == "BAR1 256 GiB on 1 GPU(s): Resizable BAR is on"
+    assert result["aspm"].message.startswith("PCIe link power management is on (pcie_aspm=(kernel default)")
 
 
 def test_acs_on_the_downstream_ports_of_a_shared_switch_fails(tmp_path: Path) -> None:
@@ -51,15 +51,15 @@ def test_acs_on_the_downstream_ports_of_a_shared_switch_fails(tmp_path: Path) ->
     facts = gathered(tmp_path)
     result = found(facts)
     acs = result["acs"]
-    assert acs.status == "fail" and not acs.blocking
-    assert "0000:02:08.0 (switch downstream port: ReqRedir+ CmpltRedir+, above 0000:03:00.0)" in acs.detail
-    assert "0000:02:10.0" in acs.detail and "0000:00:01.0" not in acs.detail  # the root port's ACS is off
+    assert acs.severity == "fail" and not acs.blocking
+    assert "0000:02:08.0 (switch downstream port: ReqRedir+ CmpltRedir+, above 0000:03:00.0)" in acs.message
+    assert "0000:02:10.0" in acs.message and "0000:00:01.0" not in acs.message  # the root port's ACS is off
     assert acs.fix.startswith("set prepare.clear_acs")
     assert found(facts, clear_acs=True)["acs"].fix.startswith(
         "the host stage clears ReqRedir and CmpltRedir on 0000:02:08.0, 0000:02:10.0 at each boot")
     assert fabric.acs_to_clear(facts) == ["0000:02:08.0", "0000:02:10.0"]
     # One switch between them: no staging through system memory, whatever the registry says.
-    assert result["p2p_mode"].status == "ok" and "shares a PCIe switch" in result["p2p_mode"].detail
+    assert result["p2p_mode"].severity == "ok" and "shares a PCIe switch" in result["p2p_mode"].message
     assert fabric.direct_pairs(facts["gpus"]) == []
     assert fabric.shared_switch_ports(facts["gpus"]) == {"0000:02:08.0": "0000:01:00.0", "0000:02:10.0": "0000:01:00.0"}
     assert [g["address"] for g in facts["gpus"]] == gpus
@@ -68,51 +68,51 @@ def test_acs_on_the_downstream_ports_of_a_shared_switch_fails(tmp_path: Path) ->
 def test_acs_off_on_the_switch_is_ok(tmp_path: Path) -> None:
     switch_pair(tmp_path, acs=ACS_OFF)
     result = found(gathered(tmp_path))
-    assert result["acs"].status == "ok" and result["acs"].detail == "no ACS redirect on the 4 bridge(s) above the GPUs"
+    assert result["acs"].severity == "ok" and result["acs"].message == "no ACS redirect on the 4 bridge(s) above the GPUs"
 
 
 def test_acs_on_root_ports_of_direct_attached_gpus_warns(tmp_path: Path) -> None:
     direct_pair(tmp_path, acs=REQ_REDIR_CMPLT)
     acs = found(gathered(tmp_path))["acs"]
-    assert acs.status == "warn" and "0000:00:01.0 (root port: ReqRedir+ CmpltRedir+, above 0000:01:00.0)" in acs.detail
+    assert acs.severity == "warn" and "0000:00:01.0 (root port: ReqRedir+ CmpltRedir+, above 0000:01:00.0)" in acs.message
 
 
 def test_a_legacy_bar1_fails_and_a_small_one_warns(tmp_path: Path) -> None:
     switch_pair(tmp_path / "legacy", bar1_bytes=256 * 2**20)
     bar1 = found(gathered(tmp_path / "legacy"))["bar1"]
-    assert bar1.status == "fail" and "legacy 256 MiB window" in bar1.detail
-    assert "0000:03:00.0 256 MiB, 0000:04:00.0 256 MiB" in bar1.detail and "Resizable BAR" in bar1.fix
+    assert bar1.severity == "fail" and "legacy 256 MiB window" in bar1.message
+    assert "0000:03:00.0 256 MiB, 0000:04:00.0 256 MiB" in bar1.message and "Resizable BAR" in bar1.fix
     switch_pair(tmp_path / "small", bar1_bytes=32 * 2**30)
     small = found(gathered(tmp_path / "small"))["bar1"]
-    assert small.status == "warn" and "0000:03:00.0 32 GiB" in small.detail
+    assert small.severity == "warn" and "0000:03:00.0 32 GiB" in small.message
 
 
 def test_direct_attached_gpus_need_the_registry_keys(tmp_path: Path) -> None:
     direct_pair(tmp_path)
     facts = gathered(tmp_path)
     mode = found(facts)["p2p_mode"]
-    assert mode.status == "warn" and fabric.direct_pairs(facts["gpus"]) == [("0000:01:00.0", "0000:41:00.0")]
-    assert "lacks ForceP2P=0x11, RMForceP2PType=1" in mode.detail and "15x slower" in mode.detail
+    assert mode.severity == "warn" and fabric.direct_pairs(facts["gpus"]) == [("0000:01:00.0", "0000:41:00.0")]
+    assert "lacks ForceP2P=0x11, RMForceP2PType=1" in mode.message and "15x slower" in mode.message
     assert mode.fix.startswith("set prepare.p2p_registry")
     assert found(facts, p2p_registry=True)["p2p_mode"].fix.startswith("the host stage writes NVreg_RegistryDwords=")
     # Written to modprobe.d but the loaded module predates it: pending, a reload or reboot named.
     pending = found(facts, [{"file": "/etc/modprobe.d/gpunode-nvidia-p2p.conf", "line": KEYS}])["p2p_mode"]
-    assert pending.detail.endswith("modprobe.d has the keys, not yet in effect") and "reboot" in pending.fix
+    assert pending.message.endswith("modprobe.d has the keys, not yet in effect") and "reboot" in pending.fix
     # In effect: the module's own params say so.
     live = gathered(tmp_path, params=f'RegistryDwords: "{fabric.P2P_REGISTRY_DWORDS}"\n')
-    assert found(live)["p2p_mode"].status == "ok"
+    assert found(live)["p2p_mode"].severity == "ok"
     half = gathered(tmp_path, params='RegistryDwords: "ForceP2P=0x11"\n')
-    assert "lacks RMForceP2PType=1" in found(half)["p2p_mode"].detail
+    assert "lacks RMForceP2PType=1" in found(half)["p2p_mode"].message
     (tmp_path / "proc" / "driver" / "nvidia" / "params").unlink()
     unloaded = found(gathered(tmp_path, params=None))["p2p_mode"]
-    assert unloaded.status == "warn" and "the nvidia module is not loaded" in unloaded.detail
+    assert unloaded.severity == "warn" and "the nvidia module is not loaded" in unloaded.message
 
 
 def test_link_power_off_on_the_command_line_is_ok(tmp_path: Path) -> None:
     direct_pair(tmp_path)
-    assert found(gathered(tmp_path, "ro quiet pcie_aspm=off pcie_port_pm=off"))["aspm"].status == "ok"
+    assert found(gathered(tmp_path, "ro quiet pcie_aspm=off pcie_port_pm=off"))["aspm"].severity == "ok"
     half = found(gathered(tmp_path, "ro pcie_aspm=off"), link_power_off=True)["aspm"]
-    assert half.status == "warn" and "pcie_port_pm=(kernel default)" in half.detail
+    assert half.severity == "warn" and "pcie_port_pm=(kernel default)" in half.message
     assert half.fix.startswith("the host stage adds pcie_aspm=off pcie_port_pm=off")
 
 
@@ -192,9 +192,9 @@ def test_acs_reads_as_lspci_printed_it_on_a_real_switch_fabric(name: str, port: 
 
 def test_the_units_write_turns_a_failing_switch_into_a_passing_one(tmp_path: Path) -> None:
     switch_pair(tmp_path / "on", acs=KERNEL_ACS_ON)
-    assert found(gathered(tmp_path / "on"))["acs"].status == "fail"
+    assert found(gathered(tmp_path / "on"))["acs"].severity == "fail"
     switch_pair(tmp_path / "cleared", acs=KERNEL_ACS_ON & ~fabric.ACS_CLEAR_MASK)
-    assert found(gathered(tmp_path / "cleared"))["acs"].status == "ok"
+    assert found(gathered(tmp_path / "cleared"))["acs"].severity == "ok"
 
 
 def test_acs_on_a_port_of_a_top_switch_is_judged_by_that_switch_not_the_gpus_nearest(tmp_path: Path) -> None:
@@ -215,7 +215,7 @@ def test_acs_on_a_port_of_a_top_switch_is_judged_by_that_switch_not_the_gpus_nea
     device(tmp_path, f"{two}/0000:04:00.0/0000:05:00.0/0000:06:00.0", config_space(ENDPOINT), klass="0x030200",
            resource=gpu_resource(2**37))
     facts = gathered(tmp_path)
-    assert found(facts)["acs"].status == "fail"
+    assert found(facts)["acs"].severity == "fail"
     # The second switch holds one GPU: its port is not cleared; the top switch's two are.
     assert fabric.acs_to_clear(facts) == ["0000:02:00.0", "0000:02:01.0"]
 

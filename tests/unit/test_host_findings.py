@@ -28,7 +28,7 @@ def facts() -> dict[str, Any]:
 def by_name(findings: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for finding in findings:
-        out.setdefault(finding.name, finding)
+        out.setdefault(finding.code, finding)
     return out
 
 
@@ -41,22 +41,22 @@ def test_recorded_machine_is_what_we_think(facts: dict[str, Any]) -> None:
 
 def test_findings_on_the_recorded_h200(facts: dict[str, Any]) -> None:
     found = by_name(evaluate(facts, Expectations(driver_version="580.159.04")))
-    assert found["driver"].status == "ok" and found["open_module"].status == "ok"
-    assert found["gpu_binding"].status == "ok"
-    assert found["gpus"].detail.startswith("1 NVIDIA GPU(s): 0000:00:06.0 (0x2335, driver nvidia)")
+    assert found["driver"].severity == "ok" and found["open_module"].severity == "ok"
+    assert found["gpu_binding"].severity == "ok"
+    assert found["gpus"].message.startswith("1 NVIDIA GPU(s): 0000:00:06.0 (0x2335, driver nvidia)")
     # HMM is on there: the stage fixes it (not blocking) and says how.
-    assert found["hmm"].status == "fail" and not found["hmm"].blocking
-    assert "uvm_disable_hmm=1" in found["hmm"].fix and "error 3" in found["hmm"].detail
-    assert found["iommu"].status == "ok"
-    assert found["device_nodes"].status == "ok"
-    assert found["os"].status == "warn" and "pve-manager not installed" in found["os"].detail
+    assert found["hmm"].severity == "fail" and not found["hmm"].blocking
+    assert "uvm_disable_hmm=1" in found["hmm"].fix and "error 3" in found["hmm"].message
+    assert found["iommu"].severity == "ok"
+    assert found["device_nodes"].severity == "ok"
+    assert found["os"].severity == "warn" and "pve-manager not installed" in found["os"].message
     assert not any(f.blocking for f in evaluate(facts, Expectations(driver_version="580.159.04")))
 
 
 def test_version_mismatch_blocks_without_installer(facts: dict[str, Any]) -> None:
     pinned = evaluate(facts, Expectations(driver_version="580.95.05"))
     driver = by_name(pinned)["driver"]
-    assert driver.status == "fail" and driver.blocking and "580.159.04 loaded, host file pins 580.95.05" in driver.detail
+    assert driver.severity == "fail" and driver.blocking and "580.159.04 loaded, host file pins 580.95.05" in driver.message
     with_installer = by_name(evaluate(facts, Expectations(driver_version="580.95.05", installer=True)))["driver"]
     assert not with_installer.blocking
 
@@ -65,7 +65,7 @@ def test_vfio_bound_gpu(facts: dict[str, Any]) -> None:
     changed = copy.deepcopy(facts)
     changed["gpus"][0]["driver"] = "vfio-pci"
     binding = by_name(evaluate(changed, Expectations(driver_version="580.159.04")))["gpu_binding"]
-    assert binding.status == "fail" and not binding.blocking and "reboot" in binding.fix
+    assert binding.severity == "fail" and not binding.blocking and "reboot" in binding.fix
     refused = by_name(evaluate(changed, Expectations(driver_version="580.159.04", release_vfio=False)))["gpu_binding"]
     assert refused.blocking
 
@@ -84,16 +84,16 @@ def test_no_driver_and_no_uvm(facts: dict[str, Any]) -> None:
     changed["devices"]["devices"].pop("/dev/nvidia-uvm")
     found = by_name(evaluate(changed, Expectations(driver_version="580.159.04")))
     assert found["driver"].blocking and "driver.installer" in found["driver"].fix
-    assert found["hmm"].status == "warn"
-    assert found["device_nodes"].status == "fail" and "/dev/nvidia-uvm" in found["device_nodes"].detail
+    assert found["hmm"].severity == "warn"
+    assert found["device_nodes"].severity == "fail" and "/dev/nvidia-uvm" in found["device_nodes"].message
 
 
 def test_translated_iommu_warns(facts: dict[str, Any]) -> None:
     changed = copy.deepcopy(facts)
     changed["kernel"]["intel_iommu"] = "on"
-    assert by_name(evaluate(changed, Expectations(driver_version="580.159.04")))["iommu"].status == "warn"
+    assert by_name(evaluate(changed, Expectations(driver_version="580.159.04")))["iommu"].severity == "warn"
     changed["kernel"]["iommu"] = "pt"
-    assert by_name(evaluate(changed, Expectations(driver_version="580.159.04")))["iommu"].status == "ok"
+    assert by_name(evaluate(changed, Expectations(driver_version="580.159.04")))["iommu"].severity == "ok"
 
 
 def test_gather_replays_the_recorded_files(tmp_path: Path, facts: dict[str, Any]) -> None:

@@ -52,13 +52,13 @@ def good_facts() -> dict[str, Any]:
 
 
 def by_name(findings: list[Any]) -> dict[str, Any]:
-    return {f.name: f for f in findings}
+    return {f.code: f for f in findings}
 
 
 def test_all_good_facts_pass() -> None:
     report = VerifyReport("t", judge(good_facts(), PINS, SEEDS, load_patches(SEEDS), "sm_120"))
     assert report.ok, [f for f in report.findings if not f.ok]
-    names = [f.name for f in report.findings]
+    names = [f.code for f in report.findings]
     assert names[:2] == ["pin torch", "pin sglang"]
     assert {"torch CUDA", "nvcc", "ptxas", "patch 0001-flashinfer-autotune-cutlass.patch", "kernels torch",
             "server flags", "GLM-5 support"} <= set(names)
@@ -68,14 +68,14 @@ def test_all_good_facts_pass() -> None:
 def test_wrong_pin_is_a_named_mismatch() -> None:
     findings = by_name(pin_findings({**GOOD_VERSIONS, "sglang": "0.5.8"}, PINS, SEEDS))
     assert not findings["pin sglang"].ok
-    assert findings["pin sglang"].detail == "MISMATCH: sglang 0.5.8 installed, pinned 0.5.9"
+    assert findings["pin sglang"].message == "MISMATCH: sglang 0.5.8 installed, pinned 0.5.9"
     assert findings["pin torch"].ok
 
 
 def test_missing_distribution_fails() -> None:
     versions = {k: v for k, v in GOOD_VERSIONS.items() if k != "flashinfer-cubin"}
     finding = by_name(pin_findings(versions, PINS, SEEDS))["pin flashinfer-cubin"]
-    assert not finding.ok and "not installed" in finding.detail
+    assert not finding.ok and "not installed" in finding.message
 
 
 def test_expected_pins_come_from_labels_or_argument() -> None:
@@ -87,7 +87,7 @@ def test_torch_cuda() -> None:
     assert torch_cuda_finding({"version": "2.9.1", "cuda": "12.8"}, PINS).ok
     assert not torch_cuda_finding({"version": "2.9.1", "cuda": "12.6"}, PINS).ok
     assert not torch_cuda_finding({"version": "2.9.1+cpu", "cuda": None}, PINS).ok
-    assert "import torch failed" in torch_cuda_finding({"error": "ImportError: x"}, PINS).detail
+    assert "import torch failed" in torch_cuda_finding({"error": "ImportError: x"}, PINS).message
 
 
 def test_tool_finding_reads_release() -> None:
@@ -95,17 +95,17 @@ def test_tool_finding_reads_release() -> None:
     other = PTXAS_12_8.replace("12.8", "13.0")
     assert not tool_finding("ptxas", {"path": "/p", "version": other}, "12.8", "why").ok
     missing = tool_finding("nvcc", {"path": None, "version": None}, "12.8", "FlashInfer's JIT")
-    assert not missing.ok and missing.detail == "no nvcc in the image (FlashInfer's JIT)"
+    assert not missing.ok and missing.message == "no nvcc in the image (FlashInfer's JIT)"
 
 
 def test_unapplied_patch_fails_with_its_name() -> None:
     facts = good_facts()
     facts["files"]["sglang/srt/model_executor/model_runner.py"] = '            # "flashinfer_cutlass",\n'
     finding = by_name(judge(facts, PINS, SEEDS, load_patches(SEEDS), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
-    assert not finding.ok and "lacks the patched text" in finding.detail
+    assert not finding.ok and "lacks the patched text" in finding.message
     facts["files"]["sglang/srt/model_executor/model_runner.py"] = None
     finding = by_name(judge(facts, PINS, SEEDS, load_patches(SEEDS), "sm_120"))["patch 0001-flashinfer-autotune-cutlass.patch"]
-    assert "is not installed" in finding.detail
+    assert "is not installed" in finding.message
 
 
 @pytest.mark.parametrize(("arch", "family"), [("sm_120", "exact"), ("sm_120a", "arch-specific"),
@@ -123,37 +123,37 @@ def test_kernels_pass_on_sass_for_the_target_family_and_name_the_files_without()
     facts = binaries(common=(["sm_90a", "sm_120a"], []), flash=(["sm_80", "sm_90a"], []))
     finding = kernels_finding("sgl_kernel", facts, "sm_120")
     assert finding.ok
-    assert finding.detail.startswith("2 binaries with device code; SASS for sm_120: 1 (sm_120a arch-specific)")
-    assert "SASS per arch (binaries): sm_80 1, sm_90a 2, sm_120a 1" in finding.detail
-    assert "no sm_120 code in 1: flash.so" in finding.detail
+    assert finding.message.startswith("2 binaries with device code; SASS for sm_120: 1 (sm_120a arch-specific)")
+    assert "SASS per arch (binaries): sm_80 1, sm_90a 2, sm_120a 1" in finding.message
+    assert "no sm_120 code in 1: flash.so" in finding.message
 
 
 def test_kernels_with_ptx_only_fail_and_say_so() -> None:
     finding = kernels_finding("x", binaries(a=(["sm_90"], ["sm_120"])), "sm_120")
     assert not finding.ok
-    assert "PTX only for sm_120 (driver JIT at first load): a.so" in finding.detail
+    assert "PTX only for sm_120 (driver JIT at first load): a.so" in finding.message
 
 
 def test_kernels_for_other_archs_only_fail() -> None:
     facts = binaries(**{f"k{i}": (["sm_100"], []) for i in range(6)})
     finding = kernels_finding("flashinfer", facts, "sm_120")
     assert not finding.ok
-    assert "SASS for sm_120: 0;" in finding.detail
-    assert "no sm_120 code in 6: k0.so, k1.so, k2.so, k3.so and 2 more" in finding.detail
+    assert "SASS for sm_120: 0;" in finding.message
+    assert "no sm_120 code in 6: k0.so, k1.so, k2.so, k3.so and 2 more" in finding.message
 
 
 def test_kernels_without_binaries_or_with_errors_fail() -> None:
     nothing = kernels_finding("x", {"files": 3, "binaries": {}, "errors": []}, "sm_120")
-    assert not nothing.ok and nothing.detail == "3 files matched, none with device code"
+    assert not nothing.ok and nothing.message == "3 files matched, none with device code"
     errored = {**binaries(a=(["sm_120"], [])), "errors": ["a.so: boom"]}
     finding = kernels_finding("x", errored, "sm_120")
-    assert not finding.ok and "a.so: boom" in finding.detail
+    assert not finding.ok and "a.so: boom" in finding.message
 
 
 def test_rejected_flag_is_quoted() -> None:
     error = "sglang.launch_server: error: argument --kv-cache-dtype: invalid choice: 'bf61'"
     finding = argv_finding({"ok": False, "error": error})
-    assert not finding.ok and "invalid choice: 'bf61'" in finding.detail
+    assert not finding.ok and "invalid choice: 'bf61'" in finding.message
 
 
 def test_server_args_after_module() -> None:

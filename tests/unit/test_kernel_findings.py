@@ -44,11 +44,11 @@ def per_kernel(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def named(findings: list[Finding], name: str) -> list[Finding]:
-    return [f for f in findings if f.name == name]
+    return [f for f in findings if f.code == name]
 
 
 def boot_module(findings: list[Finding]) -> Finding:
-    (finding,) = [f for f in named(findings, "kernel_module") if "boots next" in f.detail]
+    (finding,) = [f for f in named(findings, "kernel_module") if "boots next" in f.message]
     return finding
 
 
@@ -199,16 +199,16 @@ def test_make_log_without_error_lines_gives_its_last_lines(tmp_path: Path) -> No
 
 def test_healthy_is_all_ok() -> None:
     found = check_kernels(gather("healthy"), pin_kernel=False)
-    assert {f.status for f in found} == {"ok"} and not any(f.blocking for f in found)
-    assert [f.name for f in found] == ["kernel_module", "kernel_module"]
-    assert boot_module(found).detail == f"module {DRIVER} built for {NEW} (boots next)"
+    assert {f.severity for f in found} == {"ok"} and not any(f.blocking for f in found)
+    assert [f.code for f in found] == ["kernel_module", "kernel_module"]
+    assert boot_module(found).message == f"module {DRIVER} built for {NEW} (boots next)"
 
 
 def test_module_missing_for_the_next_boot() -> None:
     found = check_kernels(gather("new-kernel-without-module"), pin_kernel=False)
     module = boot_module(found)
-    assert module.status == "fail" and not module.blocking
-    assert "GPUs will be gone after the next reboot" in module.detail
+    assert module.severity == "fail" and not module.blocking
+    assert "GPUs will be gone after the next reboot" in module.message
     assert module.fix == f"the host stage builds it: dkms autoinstall -k {NEW}"
     assert not named(found, "kernel_headers") and not named(found, "dkms_build")
 
@@ -216,7 +216,7 @@ def test_module_missing_for_the_next_boot() -> None:
 def test_headers_missing() -> None:
     found = check_kernels(gather("headers-missing"), pin_kernel=False)
     (headers,) = named(found, "kernel_headers")
-    assert headers.status == "fail" and not headers.blocking and NEW in headers.detail
+    assert headers.severity == "fail" and not headers.blocking and NEW in headers.message
     assert headers.fix == f"the host stage installs proxmox-headers-{NEW}"
     assert f"proxmox-headers-{NEW}" in boot_module(found).fix and "dkms autoinstall -k" in boot_module(found).fix
     assert not any(f.blocking for f in found)
@@ -225,18 +225,18 @@ def test_headers_missing() -> None:
 def test_dkms_build_failed_blocks_without_pin_kernel() -> None:
     found = check_kernels(gather("dkms-build-failed"), pin_kernel=False)
     (build,) = named(found, "dkms_build")
-    assert build.status == "fail" and build.blocking
-    assert "error: type defaults to ‘int’ in declaration of ‘this_kernel_is_too_new’" in build.detail
-    assert "cc1: some warnings being treated as errors" in build.detail
+    assert build.severity == "fail" and build.blocking
+    assert "error: type defaults to ‘int’ in declaration of ‘this_kernel_is_too_new’" in build.message
+    assert "cc1: some warnings being treated as errors" in build.message
     assert build.fix == (f"set prepare.pin_kernel so the host stage pins {OLD} with proxmox-boot-tool, "
                          f"or install a driver that supports {NEW}")
-    assert "GPUs will be gone after the next reboot" in boot_module(found).detail
+    assert "GPUs will be gone after the next reboot" in boot_module(found).message
 
 
 def test_dkms_build_failed_with_pin_kernel_does_not_block() -> None:
     found = check_kernels(gather("dkms-build-failed"), pin_kernel=True)
     (build,) = named(found, "dkms_build")
-    assert build.status == "fail" and not build.blocking
+    assert build.severity == "fail" and not build.blocking
     assert f"the host stage pins {OLD} with proxmox-boot-tool" in build.fix
     assert not any(f.blocking for f in found)
 
@@ -251,17 +251,17 @@ def test_dkms_build_failed_with_no_kernel_to_pin_blocks_anyway() -> None:
 
 def test_kernel_support() -> None:
     (support,) = named(check_kernels(gather("dkms-build-failed"), pin_kernel=False), "kernel_support")
-    assert support.status == "fail" and not support.blocking
-    assert support.detail == (f"kernel {NEW} is newer than driver {DRIVER} supports "
+    assert support.severity == "fail" and not support.blocking
+    assert support.message == (f"kernel {NEW} is newer than driver {DRIVER} supports "
                               f"(its DKMS build failed; {OLD} has the module)")
 
 
 def test_pinned_kernel_warns_only() -> None:
     found = check_kernels(gather("pinned"), pin_kernel=False)
-    assert not any(f.blocking for f in found) and {f.status for f in found} == {"ok", "warn"}
-    assert boot_module(found).detail == f"module {DRIVER} built for {OLD} (boots next)"
-    (other,) = [f for f in named(found, "kernel_module") if f.status == "warn"]
-    assert NEW in other.detail and "dkms autoinstall -k " + NEW in other.fix
+    assert not any(f.blocking for f in found) and {f.severity for f in found} == {"ok", "warn"}
+    assert boot_module(found).message == f"module {DRIVER} built for {OLD} (boots next)"
+    (other,) = [f for f in named(found, "kernel_module") if f.severity == "warn"]
+    assert NEW in other.message and "dkms autoinstall -k " + NEW in other.fix
 
 
 def test_no_dkms_tree_is_missing_and_blocks(tmp_path: Path) -> None:
@@ -272,20 +272,20 @@ def test_no_dkms_tree_is_missing_and_blocks(tmp_path: Path) -> None:
     assert facts["dkms_registered"] is False
     assert {k["module"] for k in facts["kernels"]} == {"missing"}
     module = boot_module(check_kernels(facts, pin_kernel=True))
-    assert module.status == "fail" and module.blocking
+    assert module.severity == "fail" and module.blocking
     assert module.fix == f"install driver {DRIVER} with --dkms"
-    assert "GPUs will be gone after the next reboot" in module.detail
+    assert "GPUs will be gone after the next reboot" in module.message
 
 
 def test_no_kernel_image_warns(tmp_path: Path) -> None:
     (found,) = check_kernels(gather(tmp_path), pin_kernel=False)
-    assert found.name == "kernel_module" and found.status == "warn" and not found.blocking
+    assert found.code == "kernel_module" and found.severity == "warn" and not found.blocking
 
 
 def test_evaluate_checks_kernels_only_when_gathered() -> None:
     facts = json.loads((ROOT / "tests/fixtures/host/h200/host-facts.json").read_text())
     before = evaluate(facts, Expectations(driver_version=DRIVER))
-    assert not [f for f in before if f.name.startswith(("kernel", "dkms"))]
+    assert not [f for f in before if f.code.startswith(("kernel", "dkms"))]
     with_kernels = copy.deepcopy(facts)
     with_kernels["kernels"] = gather("dkms-build-failed")
     blocked = named(evaluate(with_kernels, Expectations(driver_version=DRIVER)), "dkms_build")

@@ -425,7 +425,7 @@ def test_a_real_switch_machine_s_gpu_reads_the_same_in_lspci_sysfs_and_nvidia_sm
     bus = re.search(r"Bus Id\s+: (\S+)", smi)
     assert total and bus and bar1 == int(total.group(1)) * 2**20 == 128 * 2**30
     assert pcie_fabric.fabric_address(bus.group(1)) == "0000:" + lspci.split()[0]
-    assert check_bar1({"gpus": [{"address": "0000:06:00.0", "bar1_bytes": bar1}]}).status == "ok"
+    assert check_bar1({"gpus": [{"address": "0000:06:00.0", "bar1_bytes": bar1}]}).severity == "ok"
     gpus = switch_pair(tmp_path, acs=ACS_OFF, bar1_bytes=bar1)
     assert "bar1" not in [f.code for f in judged(on(node(level=PIX), gpus), HALVED, fabric_of(tmp_path, KEYS)).findings]
 

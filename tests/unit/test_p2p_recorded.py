@@ -44,7 +44,7 @@ def recorded() -> dict[str, Any]:
 
 
 @pytest.fixture
-def result(recorded: dict[str, Any]) -> report.CheckResult:
+def result(recorded: dict[str, Any]) -> report.P2PReport:
     """The recorded result with its verdict's exit code read as today's."""
     as_recorded = report.result_from_json(recorded)
     now = dataclasses.replace(as_recorded.verdict, exit_code=RECORDED_EXIT[as_recorded.verdict.exit_code])
@@ -76,17 +76,17 @@ def test_json_round_trips_through_the_dataclasses(recorded: dict[str, Any]) -> N
 
 
 def test_the_recorded_verdict_is_read_through_the_exit_code_map(recorded: dict[str, Any],
-                                                                result: report.CheckResult) -> None:
+                                                                result: report.P2PReport) -> None:
     assert recorded["verdict"]["exit_code"] == 3 and result.verdict.exit_code == exitcodes.NOT_APPLICABLE
 
 
-def test_judging_the_recorded_readings_again_gives_the_recorded_verdict(result: report.CheckResult) -> None:
+def test_judging_the_recorded_readings_again_gives_the_recorded_verdict(result: report.P2PReport) -> None:
     assert result.topology is not None
     again = verdict.judge(result.topology, result.measurements, result.expectations)
     assert again == result.verdict
 
 
-def test_single_gpu_pass_through_vm_says_pairs_not_applicable_and_warns_about_p2p(result: report.CheckResult) -> None:
+def test_single_gpu_pass_through_vm_says_pairs_not_applicable_and_warns_about_p2p(result: report.P2PReport) -> None:
     node = result.verdict
     assert (node.exit_code, node.status) == (verdict.EXIT_PAIRS_NOT_APPLICABLE, "pass (pairs not applicable)")
     assert not node.pairs_applicable and node.pairs == []
@@ -97,7 +97,7 @@ def test_single_gpu_pass_through_vm_says_pairs_not_applicable_and_warns_about_p2
     assert "says nothing about P2P" in node.findings[1].message
 
 
-def test_nvml_readings_agree_with_nvidia_smi(result: report.CheckResult) -> None:
+def test_nvml_readings_agree_with_nvidia_smi(result: report.P2PReport) -> None:
     assert result.topology is not None
     (gpu,) = result.topology.gpus
     assert gpu.uuid == _smi_value("GPU UUID")
@@ -112,7 +112,7 @@ def test_nvml_readings_agree_with_nvidia_smi(result: report.CheckResult) -> None
     assert result.topology.driver_version == _smi_value("Driver Version")
 
 
-def test_topology_row_agrees_with_nvidia_smi_topo(result: report.CheckResult) -> None:
+def test_topology_row_agrees_with_nvidia_smi_topo(result: report.P2PReport) -> None:
     assert result.topology is not None
     (gpu,) = result.topology.gpus
     row = next(line for line in (FIXTURES / "topo.txt").read_text().splitlines() if line.startswith("GPU0\t"))
@@ -125,7 +125,7 @@ def test_topology_row_agrees_with_nvidia_smi_topo(result: report.CheckResult) ->
 
 
 @pytest.mark.recording
-def test_link_was_read_while_copies_ran(result: report.CheckResult) -> None:
+def test_link_was_read_while_copies_ran(result: report.P2PReport) -> None:
     assert result.topology is not None and result.measurements is not None
     (gpu,) = result.topology.gpus
     load = gpu.under_load
@@ -140,7 +140,7 @@ def test_link_was_read_while_copies_ran(result: report.CheckResult) -> None:
 
 @pytest.mark.recording
 @pytest.mark.parametrize("kind", ["h2d", "d2h", "d2d"])
-def test_bandwidth_reaches_95_percent_of_the_plain_copy_loop(result: report.CheckResult, reference: dict[str, Any],
+def test_bandwidth_reaches_95_percent_of_the_plain_copy_loop(result: report.P2PReport, reference: dict[str, Any],
                                                               kind: str) -> None:
     assert result.measurements is not None
     measured = getattr(result.measurements.gpus[0], kind)
@@ -148,7 +148,7 @@ def test_bandwidth_reaches_95_percent_of_the_plain_copy_loop(result: report.Chec
 
 
 @pytest.mark.recording
-def test_device_local_copy_counts_bytes_copied_once(result: report.CheckResult) -> None:
+def test_device_local_copy_counts_bytes_copied_once(result: report.P2PReport) -> None:
     # FIELD-NOTES s1: ~2126 GB/s of copied bytes on this H200 (read + write would be twice that).
     assert result.measurements is not None
     d2d = result.measurements.gpus[0].d2d
@@ -156,7 +156,7 @@ def test_device_local_copy_counts_bytes_copied_once(result: report.CheckResult) 
 
 
 @pytest.mark.recording
-def test_every_measurement_is_verified_and_the_median_is_the_median(result: report.CheckResult) -> None:
+def test_every_measurement_is_verified_and_the_median_is_the_median(result: report.P2PReport) -> None:
     assert result.measurements is not None and result.method is not None
     gpu = result.measurements.gpus[0]
     for bandwidth in (gpu.h2d, gpu.d2h, gpu.d2d):
@@ -169,7 +169,7 @@ def test_every_measurement_is_verified_and_the_median_is_the_median(result: repo
 
 
 @pytest.mark.recording
-def test_one_gpu_check_runs_under_15_seconds(result: report.CheckResult) -> None:
+def test_one_gpu_check_runs_under_15_seconds(result: report.P2PReport) -> None:
     assert result.timing["total_s"] < 15
     walls = dict(re.findall(r"^(check_\w+) rc=\d+ wall_s=([\d.]+)$", (FIXTURES / "record-log.txt").read_text(),
                             re.MULTILINE))
@@ -194,7 +194,7 @@ def test_recorded_text_report_shows_verdict_matrix_and_finding() -> None:
     assert re.search(r"GPU0 │\s+X\s+│ 0-15\s+│ 0\s+│ N/A", text)
 
 
-def test_rendering_the_recorded_result(result: report.CheckResult) -> None:
+def test_rendering_the_recorded_result(result: report.P2PReport) -> None:
     out = io.StringIO()
     report.render_text(result, out)
     text = out.getvalue()

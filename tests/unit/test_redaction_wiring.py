@@ -14,7 +14,8 @@ from rich.console import Console
 from gpunode.checks import run as check
 
 from gpunode import hostfile, inventory, runner
-from gpunode.checks.run import CheckReport, CheckResult
+from gpunode.checks.run import CheckReport
+from gpunode.ground.result import CheckResult
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "-the-runs-own-key-51c"
@@ -49,8 +50,9 @@ def test_secret_values_are_read_from_the_runs_files(tmp_path: Path) -> None:
 def test_check_messages_hide_the_runs_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = tmp_path / "key"
     key.write_text(KEY)
-    said = CheckReport(results=[CheckResult("serve", "pve-lab-ct200", "test_server_container_running", "fail",
-                                            f"exited; last log lines: server_args=ServerArgs(api_key='{KEY}')")],
+    said = CheckReport(results=[CheckResult("test_server_container_running", "fail",
+                                            f"exited; last log lines: server_args=ServerArgs(api_key='{KEY}')",
+                                            layer="serve", host="pve-lab-ct200")],
                        error=f"Bearer {KEY}")
     monkeypatch.setattr(check, "_run_checks", lambda *_args: said)
     hf = hostfile.load(ROOT / "inventory" / "lab" / "host.yml")

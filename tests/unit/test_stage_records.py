@@ -55,8 +55,8 @@ def test_record_carries_no_timings() -> None:
 
 
 def test_the_p2p_archive_runs_alone_as_the_image_runs_it(tmp_path: Path) -> None:
-    """What the p2p stage puts into the server image is the p2p package, the exit codes, ground.text
-    and the fabric reader (pci_fabric; both stdlib only), no more of gpunode, and it runs from there on its own: here,
+    """What the p2p stage puts into the server image is the p2p package, the exit codes, ground.text,
+    the finding type and the fabric reader (pci_fabric; both stdlib only), no more of gpunode, and it runs from there on its own: here,
     with no GPU, it says so (exit 4)."""
     import io
     import os
@@ -68,7 +68,7 @@ def test_the_p2p_archive_runs_alone_as_the_image_runs_it(tmp_path: Path) -> None
         tar.extractall(tmp_path, filter="data")
     assert [name for name in names if not name.startswith("gpunode/stages/p2p/")] == [
         "gpunode/__init__.py", f"gpunode/{p2p_stage.PCI_FABRIC}", "gpunode/ground/__init__.py",
-        "gpunode/ground/exitcodes.py", "gpunode/ground/text.py", "gpunode/stages/__init__.py"]
+        "gpunode/ground/exitcodes.py", "gpunode/ground/finding.py", "gpunode/ground/text.py", "gpunode/stages/__init__.py"]
     assert "gpunode/stages/p2p/stage.py" not in names and "gpunode/stages/p2p/__main__.py" in names
     code = ("import sys, runpy; import gpunode; assert gpunode.__file__.startswith(sys.argv[1]), gpunode.__file__; "
             "sys.argv = ['p2p', '--json']; runpy.run_module('gpunode.stages.p2p', run_name='__main__')")

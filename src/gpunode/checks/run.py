@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +29,19 @@ from gpunode.derive import ROUTER_NODE, node_name
 from gpunode.hostfile import HostFile
 from gpunode.ground.paths import state_dir
 from gpunode.ground.redact import redact
+from gpunode.ground.result import CheckResult
 
 NOT_IN_LAYER = "not-in-layer"
 
 
-@dataclass
-class CheckResult:
-    layer: str
-    host: str
-    check: str
-    status: str  # pass, fail, pending, skip, unreachable (not run)
-    message: str = ""
+def result_as_dict(result: CheckResult) -> dict[str, str]:
+    """One check as `gpunode check --json` gives it (and a group's report file keeps it)."""
+    return {"layer": result.layer, "host": result.host, "check": result.name, "status": result.status,
+            "message": result.message}
+
+
+def result_from_dict(data: dict[str, str]) -> CheckResult:
+    return CheckResult(data["check"], data["status"], data["message"], layer=data["layer"], host=data["host"])
 
 
 # pytest's exit codes that are not a test outcome (pytest.ExitCode), and what gpunode says of them.
@@ -138,7 +140,7 @@ class _Collector:
             return
         if status == "skip" and message.startswith(f"{UNREACHABLE}: "):
             status, message = "unreachable", message.removeprefix(f"{UNREACHABLE}: ")
-        self.report.results.append(CheckResult(layer, host, check, status, message))
+        self.report.results.append(CheckResult(check, status, message, layer=layer, host=host))
 
 
 def check_groups(hostfile: HostFile, layers: list[str]) -> list[tuple[str, list[str]]]:
@@ -189,7 +191,7 @@ def _group_in_subprocess(inventory_file: Path, files: list[str], hosts: list[str
 
 
 def _report_from(data: dict[str, Any]) -> CheckReport:
-    return CheckReport([CheckResult(**r) for r in data["results"]], data["error"], data["interrupted"])
+    return CheckReport([result_from_dict(r) for r in data["results"]], data["error"], data["interrupted"])
 
 
 def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None = None) -> CheckReport:
@@ -253,7 +255,7 @@ def render(report: CheckReport, console: Console) -> None:
             continue
         console.print(f"[bold]{layer}[/bold]")
         for r in rows:
-            line = f"  {marks[r.status]} {escape(r.host)}  {escape(r.check)}"
+            line = f"  {marks[r.status]} {escape(r.host)}  {escape(r.name)}"
             if r.message:
                 line += f": {escape(r.message)}"
             console.print(line, soft_wrap=True, highlight=False)
@@ -265,14 +267,14 @@ def render(report: CheckReport, console: Console) -> None:
 def as_json(report: CheckReport) -> str:
     return json.dumps({"exit_code": report.exit_code, "error": report.error, "counts": report.counts(),
                        "unreachable": {host: why for host, (why, _) in report.unreachable().items()},
-                       "results": [asdict(r) for r in report.results]}, indent=2)
+                       "results": [result_as_dict(r) for r in report.results]}, indent=2)
 
 
 def main(argv: list[str]) -> int:
     """``python -m gpunode.checks.run INVENTORY OUT HOSTS FILE...``: one group's checks, its report as JSON in OUT."""
     inventory_file, out, hosts, *files = argv
     report = run_group(Path(inventory_file), files, hosts.split(","))
-    Path(out).write_text(json.dumps({"results": [asdict(r) for r in report.results], "error": report.error,
+    Path(out).write_text(json.dumps({"results": [result_as_dict(r) for r in report.results], "error": report.error,
                                      "interrupted": report.interrupted}))
     return 0
 

@@ -55,16 +55,16 @@ def _findings(host_facts: dict[str, Any], gpunode_host: dict[str, Any]) -> list[
 
 @pytest.mark.parametrize("name", FINDINGS)
 def test_host_finding(name: str, pve_host: Any, gpunode_host: dict[str, Any], host_facts: dict[str, Any]) -> None:
-    findings = [f for f in _findings(host_facts, gpunode_host) if f.name == name]
-    failed = [f for f in findings if f.status == "fail"]
+    findings = [f for f in _findings(host_facts, gpunode_host) if f.code == name]
+    failed = [f for f in findings if f.severity == "fail"]
     recorded = gpunode_host["facts_root"] != "/"
     if name == "hmm" and failed and _hmm_configured(pve_host):
-        pytest.xfail(f"pending: {failed[0].detail}: configured in {HMM_CONF}; reload nvidia_uvm or reboot")
+        pytest.xfail(f"pending: {failed[0].message}: configured in {HMM_CONF}; reload nvidia_uvm or reboot")
     if name == "acs" and failed and _acs_unit_covers(pve_host, acs_to_clear(host_facts.get("fabric") or {})):
-        pytest.xfail(f"pending: {failed[0].detail}: {ACS_UNIT} clears it at the next boot")
-    if name == "persistenced" and recorded and findings and findings[0].status != "ok":
-        pytest.xfail(f"recorded state ({gpunode_host['facts_root']}): {findings[0].detail}")
-    assert not failed, "; ".join(f"{f.detail} -> fix: {f.fix}" for f in failed)
+        pytest.xfail(f"pending: {failed[0].message}: {ACS_UNIT} clears it at the next boot")
+    if name == "persistenced" and recorded and findings and findings[0].severity != "ok":
+        pytest.xfail(f"recorded state ({gpunode_host['facts_root']}): {findings[0].message}")
+    assert not failed, "; ".join(f"{f.message} -> fix: {f.fix}" for f in failed)
 
 
 def test_hmm_option_configured(pve_host: Any, gpunode_host: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ def diagnose(
     read. A FIFO, device, socket or directory is refused, as is a terminal on standard input.
     --hosts HOST_FILE reads the server container's log on the node instead; --json prints
     {"findings": [{"id", "summary", "cause", "fix", "line"}]}."""
-    from gpunode.stages.serve.diagnose import findings, scan
+    from gpunode.stages.serve.diagnose import finding_as_dict, findings, scan
     from gpunode.stages.serve.logread import LogUnreadable, open_log
     from gpunode.ground.text import one_line
 
@@ -49,14 +49,14 @@ def diagnose(
         if source.note:
             typer.echo(f"note: {one_line(source.note)}", err=True)
     if as_json:
-        typer.echo(json.dumps({"findings": [f.as_dict() for f in found]}, indent=2))
+        typer.echo(json.dumps({"findings": [finding_as_dict(f) for f in found]}, indent=2))
     elif not found:
         typer.echo("no failure found in the log")
     for finding in ([] if as_json else found):
         # The log's line as text that drives no terminal: a log may carry escape sequences.
-        typer.echo(f"{finding.id}: {finding.summary}\n  line:  {one_line(finding.line)}\n  cause: {finding.cause}\n"
+        typer.echo(f"{finding.code}: {finding.message}\n  line:  {one_line(finding.evidence)}\n  cause: {finding.cause}\n"
                    f"  fix:   {finding.fix}")
-    raise typer.Exit(FAILED if any(f.id == "unknown" for f in found) else OK)
+    raise typer.Exit(FAILED if any(f.code == "unknown" for f in found) else OK)
 
 
 def _server_log(chosen: Host) -> str:

@@ -86,7 +86,7 @@ def image_verify(
         typer.echo(report.to_json())
     else:
         for finding in report.findings:
-            typer.echo(f"{'OK  ' if finding.ok else 'FAIL'} {finding.name}: {finding.detail}")
+            typer.echo(finding.line(severity=True))
     raise typer.Exit(OK if report.ok else FAILED)
 
 

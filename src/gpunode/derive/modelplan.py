@@ -19,7 +19,7 @@ TOOLS_DIR = "/var/lib/gpunode/model-tools"
 TOOLS_LOCK = PACKAGE / "stages" / "model" / "tools.lock"
 # gpunode's files the tools run (stdlib and the two locked libraries only), relative to the package's parent.
 TOOL_FILES = ("gpunode/__init__.py", "gpunode/ground/__init__.py", "gpunode/ground/exitcodes.py",
-              "gpunode/stages/__init__.py", "gpunode/stages/model/__init__.py",
+              "gpunode/ground/finding.py", "gpunode/stages/__init__.py", "gpunode/stages/model/__init__.py",
               "gpunode/stages/model/__main__.py", "gpunode/stages/model/manifest.py",
               "gpunode/stages/model/verify.py", "gpunode/stages/model/fetch.py")
 

@@ -24,7 +24,7 @@ from typing import Any
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
     BDF, LEGACY_BAR1, P2P_REGISTRY_DWORDS, direct_pairs, live_p2p_keys, missing_p2p_keys, parents, redirecting_bridges, registry_dwords,
     shared_switch_ports)
-from gpunode.stages.host.findings import FAIL, OK, WARN, Finding
+from gpunode.ground.finding import FAIL, OK, WARN, Finding
 from gpunode.stages.host.vfio import release_cmdline
 
 LINK_POWER_OFF = {"pcie_aspm": "off", "pcie_port_pm": "off"}
@@ -65,14 +65,14 @@ def check_acs(fabric: dict[str, Any], expect: FabricExpectations) -> Finding:
                    "set prepare.clear_acs so the host stage clears it at boot with setpci, or turn ACS off in the "
                    "firmware")
             return Finding("acs", FAIL, f"ACS redirects peer traffic through the root complex between GPUs under one "
-                           f"PCIe switch (P2P halved or failing): {named}", fix)
+                           f"PCIe switch (P2P halved or failing): {named}", fix=fix)
         return Finding("acs", WARN, f"ACS redirect on bridges above the GPUs (peer traffic goes up to the root "
-                       f"complex): {named}", "gpunode clears ACS only on the downstream ports of a switch shared by "
-                       "GPUs; turn it off in the firmware if these GPUs must reach each other directly")
+                       f"complex): {named}", fix="gpunode clears ACS only on the downstream ports of a switch shared "
+                       "by GPUs; turn it off in the firmware if these GPUs must reach each other directly")
     unread = unread_bridges(gpus)
     if unread:
         return Finding("acs", WARN, f"cannot read ACS on {', '.join(unread)} (config space of 256 bytes: read as "
-                       "root to see the extended capabilities)", "run the host stage as root on the Proxmox host")
+                       "root to see the extended capabilities)", fix="run the host stage as root on the Proxmox host")
     bridges = {p["address"] for gpu in gpus for p in parents(gpu)}
     if not bridges:
         return Finding("acs", OK, "no bridge above the GPUs (on the root bus): nothing to redirect peer traffic")
@@ -94,13 +94,13 @@ def check_bar1(fabric: dict[str, Any]) -> Finding:
         named = ", ".join(f"{a} {_mib(size)}" for a, size in sorted(small.items()))
         if any(size <= LEGACY_BAR1 for size in small.values()):
             return Finding("bar1", FAIL, f"BAR1 is the legacy {_mib(LEGACY_BAR1)} window, not the card's memory "
-                           f"(Resizable BAR off): large peer mappings fail: {named}", fix)
-        return Finding("bar1", WARN, f"BAR1 smaller than the card's memory: {named}", fix)
+                           f"(Resizable BAR off): large peer mappings fail: {named}", fix=fix)
+        return Finding("bar1", WARN, f"BAR1 smaller than the card's memory: {named}", fix=fix)
     if unknown:
         return Finding("bar1", WARN, f"BAR1 size unknown for {', '.join(unknown)} (no sysfs resource file)",
-                       "read the host stage's facts on the Proxmox host itself")
+                       fix="read the host stage's facts on the Proxmox host itself")
     if not gpus:
-        return Finding("bar1", WARN, "no GPU in the fabric facts", "check `lspci -d 10de:` on the host")
+        return Finding("bar1", WARN, "no GPU in the fabric facts", fix="check `lspci -d 10de:` on the host")
     return Finding("bar1", OK, "BAR1 " + ", ".join(sorted({_mib(int(s)) for s in sizes.values()})) + " on "
                    f"{len(gpus)} GPU(s): Resizable BAR is on")
 
@@ -131,7 +131,7 @@ def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expec
     if not fabric.get("driver_params"):
         return Finding("p2p_mode", WARN, f"{len(pairs)} pair(s) of GPUs share no PCIe switch (e.g. {pairs[0][0]} and "
                        f"{pairs[0][1]}); the nvidia module is not loaded, so its P2P keys cannot be read",
-                       "load the driver, then run the host stage again")
+                       fix="load the driver, then run the host stage again")
     missing = missing_p2p_keys(live)
     if not missing:
         return Finding("p2p_mode", OK, f"{len(pairs)} direct-attached pair(s); the nvidia module has the P2P keys")
@@ -141,12 +141,12 @@ def check_p2p_mode(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expec
               "memory (custom all-reduce about 15x slower; NCCL and cudaMemcpy peer copies look healthy)")
     if pending:
         return Finding("p2p_mode", WARN, detail + "; modprobe.d has the keys, not yet in effect",
-                       "reload the nvidia module (stop what uses the GPUs) or reboot: gpunode does neither unasked")
+                       fix="reload the nvidia module (stop what uses the GPUs) or reboot: gpunode does neither unasked")
     fix = (f"the host stage writes NVreg_RegistryDwords=\"{P2P_REGISTRY_DWORDS}\" to /etc/modprobe.d "
            "(prepare.p2p_registry); then reload the nvidia module or reboot" if expect.p2p_registry else
            f"set prepare.p2p_registry, or add options nvidia NVreg_RegistryDwords=\"{P2P_REGISTRY_DWORDS}\" "
            "to /etc/modprobe.d yourself; then reload the nvidia module or reboot")
-    return Finding("p2p_mode", WARN, detail, fix)
+    return Finding("p2p_mode", WARN, detail, fix=fix)
 
 
 def check_aspm(fabric: dict[str, Any], expect: FabricExpectations) -> Finding:
@@ -160,7 +160,7 @@ def check_aspm(fabric: dict[str, Any], expect: FabricExpectations) -> Finding:
            "set prepare.link_power_off so the host stage adds pcie_aspm=off pcie_port_pm=off to the kernel command "
            "line; then reboot")
     return Finding("aspm", WARN, f"PCIe link power management is on ({', '.join(on)}): behind surprise link-down "
-                   "lockups of GPUs", fix)
+                   "lockups of GPUs", fix=fix)
 
 
 def evaluate_fabric(fabric: dict[str, Any], modprobe: list[dict[str, Any]], expect: FabricExpectations) -> list[Finding]:

@@ -65,14 +65,14 @@ def run(target: Target, fw: Forward, check_mode: bool) -> StageResult:
     except (BuildError, VerifyError) as exc:
         return StageResult(failed=True, summary=[str(exc)], data={"log": buffer.getvalue()[-4000:]})
     lines = [f"image {built.tag}: {'built in %.0f s' % built.seconds if built.built else 'present, not rebuilt'}"]
-    lines += [f"{'OK  ' if f.ok else 'FAIL'} {f.name}: {f.detail}" for f in report.findings]
+    lines += [f.line(severity=True) for f in report.findings]
     shipped = False
     if local and report.ok:
         # Built here: the node's engine is where the server runs it.
         shipped = ship(docker_client(None), node, built.tag)
         lines.append(f"image {built.tag}: {'shipped to the node' if shipped else 'already on the node'}")
-    kept = record(built.tag, image_id(node, built.tag), report.ok, [f.name for f in report.findings if not f.ok])
-    failing = [f"{f.name}: {f.detail}" for f in report.findings if not f.ok]
+    kept = record(built.tag, image_id(node, built.tag), report.ok, [f.code for f in report.failed()])
+    failing = [f.line() for f in report.failed()]
     return StageResult(changed=built.built or shipped, failed=not report.ok, summary=lines,
                        data={"tag": built.tag, "built": built.built, "verify_ok": report.ok, "record": kept},
                        cause=f"image {built.tag} failed verify: " + "; ".join(failing) if failing else None)

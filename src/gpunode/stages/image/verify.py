@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +21,7 @@ from gpunode.catalogue.aot import GPU_ARCHS, AotPlan
 from gpunode.stages.image.build import docker_client
 from gpunode.derive.imagecontext import AOT_BUILDER, LABEL_PREFIX, expected_versions, images_dir, version_matches
 from gpunode.catalogue.patches import Patch, blocks_present, parse_patch
+from gpunode.ground.finding import FAIL, OK, Finding
 
 PROBE_MARK = "GPUNODE-PROBE "
 PROBE_TIMEOUT_S = 1200  # cuobjdump over torch's ~1 GB of CUDA libraries takes a while on 2 cores
@@ -34,11 +35,14 @@ class VerifyError(RuntimeError):
     """The image could not be probed at all (missing, or the probe crashed)."""
 
 
-@dataclass(frozen=True)
-class Finding:
-    name: str
-    ok: bool
-    detail: str
+def _severity(ok: bool) -> str:
+    """Every finding here passes or fails: ok or fail."""
+    return OK if ok else FAIL
+
+
+def finding_as_dict(finding: Finding) -> dict[str, Any]:
+    """A finding in the report's JSON: its code as name, whether it passed, its message as detail."""
+    return {"name": finding.code, "ok": finding.ok, "detail": finding.message}
 
 
 @dataclass
@@ -54,7 +58,8 @@ class VerifyReport:
         return [f for f in self.findings if not f.ok]
 
     def to_json(self) -> str:
-        return json.dumps({"tag": self.tag, "ok": self.ok, "findings": [asdict(f) for f in self.findings]}, indent=2)
+        return json.dumps({"tag": self.tag, "ok": self.ok, "findings": [finding_as_dict(f) for f in self.findings]},
+                          indent=2)
 
 
 # ---- judging facts (pure) ------------------------------------------------------------------
@@ -65,16 +70,17 @@ def pin_findings(versions: Mapping[str, str | None], pins: Mapping[str, str], st
         found = versions.get(dist)
         ok = version_matches(pin, found)
         detail = f"{dist} {found} installed, pinned {pin}" if found else f"{dist} is not installed (pinned {pin})"
-        findings.append(Finding(f"pin {dist}", ok, detail if ok else "MISMATCH: " + detail))
+        findings.append(Finding(f"pin {dist}", _severity(ok), detail if ok else "MISMATCH: " + detail))
     return findings
 
 
 def torch_cuda_finding(torch: dict[str, Any], pins: Mapping[str, str]) -> Finding:
     if "error" in torch:
-        return Finding("torch CUDA", False, f"import torch failed: {torch['error']}")
+        return Finding("torch CUDA", FAIL, f"import torch failed: {torch['error']}")
     cuda = torch.get("cuda")
     ok = cuda is not None and version_matches(pins["cuda"], cuda)
-    return Finding("torch CUDA", ok, f"torch {torch.get('version')} is built for CUDA {cuda}, pinned {pins['cuda']}")
+    return Finding("torch CUDA", _severity(ok),
+                   f"torch {torch.get('version')} is built for CUDA {cuda}, pinned {pins['cuda']}")
 
 
 _RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
@@ -83,12 +89,12 @@ _RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
 def tool_finding(name: str, fact: dict[str, str | None], cuda: str, why: str) -> Finding:
     path, text = fact.get("path"), fact.get("version") or ""
     if not path:
-        return Finding(name, False, f"no {name} in the image ({why})")
+        return Finding(name, FAIL, f"no {name} in the image ({why})")
     release = _RELEASE.search(text)
     if not release:
-        return Finding(name, False, f"{path}: cannot read its version: {text[:200]}")
+        return Finding(name, FAIL, f"{path}: cannot read its version: {text[:200]}")
     ok = version_matches(cuda, release[2])
-    return Finding(name, ok, f"{path}: CUDA {release[2]}, pinned {cuda}")
+    return Finding(name, _severity(ok), f"{path}: CUDA {release[2]}, pinned {cuda}")
 
 
 def patch_finding(patch: Patch, files: dict[str, str | None]) -> Finding:
@@ -100,8 +106,8 @@ def patch_finding(patch: Patch, files: dict[str, str | None]) -> Finding:
         elif not blocks_present(blocks, text):
             missing.append(f"{target} lacks the patched text")
     if missing:
-        return Finding(f"patch {patch.name}", False, "; ".join(missing))
-    return Finding(f"patch {patch.name}", True, "patched text present in " + ", ".join(patch.added_blocks))
+        return Finding(f"patch {patch.name}", FAIL, "; ".join(missing))
+    return Finding(f"patch {patch.name}", OK, "patched text present in " + ", ".join(patch.added_blocks))
 
 
 def arch_family(target: str, arch: str) -> str | None:
@@ -121,7 +127,7 @@ def kernels_finding(library: str, facts: dict[str, Any], target: str) -> Finding
     binaries: dict[str, dict[str, list[str]]] = facts.get("binaries", {})
     name = f"kernels {library}"
     if not binaries:
-        return Finding(name, False, f"{facts.get('files', 0)} files matched, none with device code"
+        return Finding(name, FAIL, f"{facts.get('files', 0)} files matched, none with device code"
                        + (f"; {facts['errors'][0]}" if facts.get("errors") else ""))
     with_sass = {path for path, found in binaries.items() if any(arch_family(target, a) for a in found["elf"])}
     with_ptx = {path for path, found in binaries.items() if any(arch_family(target, a) for a in found["ptx"])}
@@ -138,7 +144,7 @@ def kernels_finding(library: str, facts: dict[str, Any], target: str) -> Finding
         parts.append(f"no {target} code in {len(lacking)}: {_some(lacking)}")
     if facts.get("errors"):
         parts.append(f"{len(facts['errors'])} errors, first: {facts['errors'][0]}")
-    return Finding(name, bool(with_sass) and not facts.get("errors"), "; ".join(parts))
+    return Finding(name, _severity(bool(with_sass) and not facts.get("errors")), "; ".join(parts))
 
 
 def _arch_counts(binaries: dict[str, dict[str, list[str]]], listing: str) -> list[tuple[str, int]]:
@@ -161,8 +167,8 @@ def _arch_number(arch: str) -> tuple[int, str]:
 
 def argv_finding(result: dict[str, Any]) -> Finding:
     if result.get("ok"):
-        return Finding("server flags", True, f"accepted by sglang's parser ({len(result.get('values', {}))} options)")
-    return Finding("server flags", False, f"rejected by sglang's parser: {result.get('error')}")
+        return Finding("server flags", OK, f"accepted by sglang's parser ({len(result.get('values', {}))} options)")
+    return Finding("server flags", FAIL, f"rejected by sglang's parser: {result.get('error')}")
 
 
 def model_finding(facts: dict[str, Any]) -> Finding:
@@ -170,7 +176,7 @@ def model_finding(facts: dict[str, Any]) -> Finding:
     detail = (f"transformers knows glm_moe_dsa: {bool(facts.get('transformers_glm_moe_dsa'))}; "
               f"sglang has GlmMoeDsaForCausalLM: {bool(facts.get('sglang_glm5_class'))}")
     errors = [facts[k] for k in ("transformers_error", "sglang_error") if k in facts]
-    return Finding("GLM-5 support", ok, detail + ("; " + "; ".join(errors) if errors else ""))
+    return Finding("GLM-5 support", _severity(ok), detail + ("; " + "; ".join(errors) if errors else ""))
 
 
 NO_NVCC = ("FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at the first request, and the server "
@@ -180,10 +186,12 @@ NO_NVCC = ("FlashInfer compiles its SM120 kernels with $CUDA_HOME/bin/nvcc at th
 def nvcc_compile_finding(fact: dict[str, Any], cuda_arch: str) -> Finding:
     name = f"nvcc compiles for {cuda_arch}"
     if not fact.get("ok"):
-        return Finding(name, False, f"{fact.get('error', 'not run')}" + (f" ({fact['command']})" if "command" in fact else ""))
+        return Finding(name, FAIL,
+                       f"{fact.get('error', 'not run')}" + (f" ({fact['command']})" if "command" in fact else ""))
     target = sm_of(cuda_arch)
     ok = any(arch_family(target, arch) for arch in fact.get("sass", []))
-    return Finding(name, ok, f"a test kernel compiled to {', '.join(fact.get('sass', [])) or 'no SASS'}, target {target}")
+    return Finding(name, _severity(ok),
+                   f"a test kernel compiled to {', '.join(fact.get('sass', [])) or 'no SASS'}, target {target}")
 
 
 def sm_of(cuda_arch: str) -> str:
@@ -196,8 +204,8 @@ def aot_findings(facts: dict[str, Any], expected: list[dict[str, Any]], cuda_arc
     the AOT library, and that library holds SASS for the target. None expected is a finding too."""
     if not expected:
         if nvcc:
-            return [Finding("flashinfer aot", True, "no module built ahead of time: FlashInfer compiles at first use")]
-        return [Finding("flashinfer aot", False, "no module built ahead of time and no nvcc to compile one at first "
+            return [Finding("flashinfer aot", OK, "no module built ahead of time: FlashInfer compiles at first use")]
+        return [Finding("flashinfer aot", FAIL, "no module built ahead of time and no nvcc to compile one at first "
                         "use: every FlashInfer kernel without a cubin fails on SM120")]
     target = sm_of(cuda_arch)
     findings = []
@@ -205,16 +213,16 @@ def aot_findings(facts: dict[str, Any], expected: list[dict[str, Any]], cuda_arc
         name, fact = entry["name"], facts.get(entry["name"], {})
         label = f"flashinfer aot {name}"
         if "error" in fact or not fact:
-            findings.append(Finding(label, False, f"FlashInfer cannot make its spec: {fact.get('error', 'not probed')}"))
+            findings.append(Finding(label, FAIL, f"FlashInfer cannot make its spec: {fact.get('error', 'not probed')}"))
         elif fact.get("spec_name") != name:
-            findings.append(Finding(label, False, f"FlashInfer names this module {fact.get('spec_name')}"))
+            findings.append(Finding(label, FAIL, f"FlashInfer names this module {fact.get('spec_name')}"))
         elif not fact.get("is_aot") or fact.get("library") != fact.get("aot_path"):
-            findings.append(Finding(label, False, f"not in FlashInfer's AOT directory ({fact.get('aot_path')}): with "
+            findings.append(Finding(label, FAIL, f"not in FlashInfer's AOT directory ({fact.get('aot_path')}): with "
                                     "FLASHINFER_DISABLE_JIT=1 the launch fails, without it FlashInfer compiles it"))
         else:
             sass = fact.get("sass", [])
             ok = any(arch_family(target, arch) for arch in sass) and not fact.get("errors")
-            findings.append(Finding(label, ok, f"{fact['aot_path']} ({fact.get('size', 0)} bytes): SASS "
+            findings.append(Finding(label, _severity(ok), f"{fact['aot_path']} ({fact.get('size', 0)} bytes): SASS "
                                     f"{', '.join(sass) or 'none'}, target {target}"
                                     + (f"; {fact['errors'][0]}" if fact.get("errors") else "")))
     return findings
@@ -227,13 +235,14 @@ def toolchain_user_findings(facts: dict[str, Any], users: Mapping[str, str], cud
         fact = facts.get(library, {})
         name = f"nvcc found by {library}"
         if "error" in fact or not fact:
-            findings.append(Finding(name, False, f"{spec}: {fact.get('error', 'not probed')}"))
+            findings.append(Finding(name, FAIL, f"{spec}: {fact.get('error', 'not probed')}"))
             continue
         release = _RELEASE.search(fact.get("version") or "")
         if not release:
-            findings.append(Finding(name, False, f"{spec} -> {fact.get('found')}: no runnable nvcc at {fact.get('nvcc')}"))
+            findings.append(Finding(name, FAIL,
+                                    f"{spec} -> {fact.get('found')}: no runnable nvcc at {fact.get('nvcc')}"))
             continue
-        findings.append(Finding(name, version_matches(cuda, release[2]),
+        findings.append(Finding(name, _severity(version_matches(cuda, release[2])),
                                 f"{spec} -> {fact['nvcc']}: CUDA {release[2]}, pinned {cuda}"))
     return findings
 
@@ -243,18 +252,18 @@ def stack_part_findings(facts: dict[str, Any], plan: stacks.VerifyPlan) -> list[
     findings = []
     for entry in plan.entry_points:
         why = facts.get("entry_points", {}).get(entry, "not probed")
-        findings.append(Finding(f"entry point {entry}", why is None, "present" if why is None else why))
+        findings.append(Finding(f"entry point {entry}", _severity(why is None), "present" if why is None else why))
     for binary in plan.symbols:
         fact = facts.get("symbols", {}).get(binary, {"error": "not probed"})
         if "error" in fact:
-            findings.append(Finding(f"symbols {binary}", False, fact["error"]))
+            findings.append(Finding(f"symbols {binary}", FAIL, fact["error"]))
         else:
-            findings.append(Finding(f"symbols {binary}", not fact["missing"],
+            findings.append(Finding(f"symbols {binary}", _severity(not fact["missing"]),
                                     f"holds {', '.join(fact['present']) or 'none'}"
                                     + (f"; lacks {', '.join(fact['missing'])}" if fact["missing"] else "")))
     for path in plan.files:
         present = bool(facts.get("stack_files", {}).get(path))
-        findings.append(Finding(f"file {path}", present, "present" if present else "missing"))
+        findings.append(Finding(f"file {path}", _severity(present), "present" if present else "missing"))
     return findings
 
 

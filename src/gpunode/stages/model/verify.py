@@ -16,10 +16,11 @@ import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpunode.ground.finding import FAIL, Finding
 from gpunode.stages.model.manifest import FileEntry, Manifest, Stamp, safe_relative
 
 INDEX = "model.safetensors.index.json"
@@ -36,15 +37,10 @@ FIXES = {
 }
 
 
-@dataclass(frozen=True)
-class Finding:
-    code: str  # missing | size | sha256 | not_a_file | header | index | config
-    subject: str  # the file (relative to the weights folder)
-    message: str
-    fix: str
-
-    def line(self) -> str:
-        return f"{self.code} {self.subject}: {self.message}"
+# A finding in the report's JSON (and the model stage's record): each a failure; its code is
+# missing | size | sha256 | not_a_file | header | index | config, its subject the file (relative to
+# the weights folder).
+KEYS = {"code": "code", "subject": "subject", "message": "message", "fix": "fix"}
 
 
 @dataclass
@@ -78,7 +74,7 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "level": self.level, "files": self.files, "bytes": self.bytes,
                 "hashed_files": self.hashed_files, "hashed_bytes": self.hashed_bytes, "seconds": round(self.seconds, 3),
-                "findings": [asdict(f) for f in self.findings], "more": self.more, "bad_files": self.bad_files}
+                "findings": [f.as_dict(KEYS) for f in self.findings], "more": self.more, "bad_files": self.bad_files}
 
 
 def git_blob_id(path: Path) -> str:
@@ -147,14 +143,16 @@ def _present(folder: Path, entry: FileEntry, report: Report, fix: str) -> os.sta
     try:
         st = os.lstat(folder / entry.path)
     except FileNotFoundError:
-        report.add(Finding("missing", entry.path, "is not there", fix))
+        report.add(Finding("missing", FAIL, "is not there", entry.path, fix=fix))
         return None
     if not stat.S_ISREG(st.st_mode):
-        report.add(Finding("not_a_file", entry.path, "is not a regular file (a link, a folder or a device)", fix))
+        report.add(Finding("not_a_file", FAIL, "is not a regular file (a link, a folder or a device)", entry.path,
+                           fix=fix))
         return None
     if entry.size >= 0 and st.st_size != entry.size:
         word = "truncated" if st.st_size < entry.size else "too long"
-        report.add(Finding("size", entry.path, f"{word}: {st.st_size} bytes, the revision's is {entry.size}", fix))
+        report.add(Finding("size", FAIL, f"{word}: {st.st_size} bytes, the revision's is {entry.size}", entry.path,
+                           fix=fix))
         return None
     return st
 
@@ -194,7 +192,7 @@ def check_files(folder: Path, manifest: Manifest | None, shards: dict[str, set[s
         report.hashed_bytes += st.st_size
         after = os.lstat(folder / entry.path)
         if not equal:
-            report.add(Finding("sha256", entry.path, f"its content is not the revision's ({detail})", fix))
+            report.add(Finding("sha256", FAIL, f"its content is not the revision's ({detail})", entry.path, fix=fix))
         elif Stamp.of(after) == Stamp.of(st):  # unchanged while it was read
             report.stamps[entry.path] = Stamp.of(after)
 
@@ -211,31 +209,31 @@ def check_index(folder: Path, shards: dict[str, set[str]] | str, fix: str, repor
     every shard's header reads (a truncated or overwritten header fails here)."""
     index = folder / INDEX
     if isinstance(shards, str):
-        report.add(Finding("index", INDEX, shards, fix))
+        report.add(Finding("index", FAIL, shards, INDEX, fix=fix))
         return
     if not shards:
-        report.add(Finding("index", INDEX, "neither an index nor a *.safetensors file is there", fix))
+        report.add(Finding("index", FAIL, "neither an index nor a *.safetensors file is there", INDEX, fix=fix))
         return
     for shard, tensors in sorted(shards.items()):
         try:
             safe_relative(shard)
         except ValueError:
-            report.add(Finding("index", INDEX, f"names {shard!r}, a path outside the weights folder", fix))
+            report.add(Finding("index", FAIL, f"names {shard!r}, a path outside the weights folder", INDEX, fix=fix))
             continue
         path = folder / shard
         if not path.is_file():
             if index.is_file():
-                report.add(Finding("index", shard, f"is named by {INDEX} but is not there", fix))
+                report.add(Finding("index", FAIL, f"is named by {INDEX} but is not there", shard, fix=fix))
             continue
         try:
             keys = _shard_keys(path)
         except Exception as exc:  # the library's SafetensorError, or an OSError reading it
-            report.add(Finding("header", shard, f"its safetensors header does not read ({' '.join(str(exc).split())[:200]})",
-                               fix))
+            report.add(Finding("header", FAIL, f"its safetensors header does not read ({' '.join(str(exc).split())[:200]})",
+                               shard, fix=fix))
             continue
         for tensor in sorted(tensors - keys):
-            report.add(Finding("index", shard, f"{INDEX} puts tensor {tensor!r} here, and the header has no such tensor",
-                               fix))
+            report.add(Finding("index", FAIL, f"{INDEX} puts tensor {tensor!r} here, and the header has no such tensor",
+                               shard, fix=fix))
 
 
 def check_config(folder: Path, architecture: str | None, quantization: dict[str, str], fix: str,
@@ -250,21 +248,21 @@ def check_config(folder: Path, architecture: str | None, quantization: dict[str,
     except FileNotFoundError:
         return  # the file check names it missing
     except (ValueError, TypeError, OSError) as exc:
-        report.add(Finding("config", CONFIG, f"does not read ({type(exc).__name__}: {exc})", fix))
+        report.add(Finding("config", FAIL, f"does not read ({type(exc).__name__}: {exc})", CONFIG, fix=fix))
         return
     archs = config.get("architectures")
     got = archs[0] if isinstance(archs, list) and archs else None
     if architecture is not None and got != architecture:
-        report.add(Finding("config", CONFIG, f"architectures[0] is {got!r}, the profile's launch expects {architecture!r} "
-                           "(another architecture turns off the sparse-attention set-up on this stack)",
-                           "use the checkpoint the profile names (model.id), or a profile for this one"))
+        report.add(Finding("config", FAIL, f"architectures[0] is {got!r}, the profile's launch expects {architecture!r} "
+                           "(another architecture turns off the sparse-attention set-up on this stack)", CONFIG,
+                           fix="use the checkpoint the profile names (model.id), or a profile for this one"))
     quant = config.get("quantization_config")
     quant = quant if isinstance(quant, dict) else {}
     for key, want in quantization.items():
         value = quant.get(key)
         if not isinstance(value, str) or value.lower() != want.lower():
-            report.add(Finding("config", CONFIG, f"quantization_config.{key} is {value!r}, the profile expects {want!r}",
-                               "use the checkpoint the profile names (model.id), or a profile for this one"))
+            report.add(Finding("config", FAIL, f"quantization_config.{key} is {value!r}, the profile expects {want!r}",
+                               CONFIG, fix="use the checkpoint the profile names (model.id), or a profile for this one"))
 
 
 def verify(folder: Path, *, manifest: Manifest | None, level: str, workers: int, source: str,
@@ -277,10 +275,10 @@ def verify(folder: Path, *, manifest: Manifest | None, level: str, workers: int,
     if not folder.is_dir():
         if manifest is not None:  # every file of the revision is missing: a fetch takes them all
             for entry in manifest.files:
-                report.add(Finding("missing", entry.path, "is not there (nor is its folder)", fix))
+                report.add(Finding("missing", FAIL, "is not there (nor is its folder)", entry.path, fix=fix))
             report.seconds = clock() - start
             return report
-        report.add(Finding("missing", ".", f"the weights folder {folder} is not there", fix))
+        report.add(Finding("missing", FAIL, f"the weights folder {folder} is not there", ".", fix=fix))
         return report
     shards = read_shards(folder)  # the index, read once for both checks
     check_files(folder, manifest, shards, level, workers, fix, report)

@@ -50,7 +50,7 @@ def run(*, as_json: bool, expect: Expectations, size_mb: int, quick: bool, out: 
     return result.verdict.exit_code
 
 
-def emit(result: report.CheckResult, as_json: bool, out: TextIO) -> None:
+def emit(result: report.P2PReport, as_json: bool, out: TextIO) -> None:
     if as_json:
         import json
 
@@ -78,7 +78,7 @@ class _Check:
     def _phase(self, name: str, since: float) -> None:
         self.timing[name] = round(time.perf_counter() - since, 3)
 
-    def execute(self) -> report.CheckResult:
+    def execute(self) -> report.P2PReport:
         try:
             if self._read_topology():
                 torch = self._start_cuda()
@@ -89,7 +89,7 @@ class _Check:
         self.timing["total_s"] = round(time.perf_counter() - self.began, 3)
         return self._result()
 
-    def _result(self) -> report.CheckResult:
+    def _result(self) -> report.P2PReport:
         if self.topology is None:
             code = verdict.exit_code_for(self.findings, pairs_applicable=False)
             node = verdict.Verdict(status=verdict.status_for(code), exit_code=code,
@@ -97,7 +97,7 @@ class _Check:
                                    pairs_applicable=False, pairs=[], findings=self.findings)
         else:
             node = verdict.judge(self.topology, self.measurements, self.expect, self.findings, self.fabric)
-        return report.CheckResult(verdict=node, expectations=self.expect, topology=self.topology,
+        return report.P2PReport(verdict=node, expectations=self.expect, topology=self.topology,
                                   measurements=self.measurements, method=self.method, cuda_driver=self.probe,
                                   timing=self.timing)
 
@@ -209,6 +209,6 @@ class _Check:
                 results.hung_step = stuck
                 break
         for exc in crashed:
-            self.findings.append(Finding("fail", "measurement-crashed", "node", f"{type(exc).__name__}: {exc}",
-                                         category="node"))
+            self.findings.append(Finding("measurement-crashed", "fail", subject="node",
+                                         message=f"{type(exc).__name__}: {exc}", category="node"))
         self._phase("measure_s", since)

@@ -27,6 +27,7 @@ Stdlib only, with pci_fabric beside it: this runs in the server image (p2p/stage
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpunode.ansible_collections.gpunode.core.plugins.module_utils.pci_fabric import (
@@ -128,7 +129,8 @@ def causes(fabric: Any, topology: Topology, pairs: list[PairVerdict],
         return []
     why = unread(fabric, topology)  # also: not a mapping at all
     if why:
-        return [Finding("info", "fabric-unread", "node", f"PCIe fabric not judged: {why}", category="info")]
+        return [Finding("fabric-unread", "info", subject="node", message=f"PCIe fabric not judged: {why}",
+                        category="info")]
     entries = {g["address"]: g for g in fabric["gpus"]}
     entry = {gpu.index: entries[fabric_address(gpu.pci_bus_id)] for gpu in topology.gpus}
     troubled = {f.subject for f in findings if f.code in TROUBLED}
@@ -155,45 +157,47 @@ def causes(fabric: Any, topology: Topology, pairs: list[PairVerdict],
     out = []
     if acs:
         ports = sorted({p for named in acs.values() for p in named})
-        out.append(Finding("fail", "acs", "node",
-                           f"ACS redirects peer traffic between GPUs under one PCIe switch up to the root complex "
-                           f"({', '.join(ports)}): explains {', '.join(acs)}",
-                           "ACS ReqRedir/CmpltRedir on the switch's downstream ports sends every peer request and "
-                           "completion through the root complex: P2P halved or failing (rtx6kpro hardware/topology.md)",
-                           ACS_FIX, category="p2p"))
+        out.append(Finding("acs", "fail", subject="node",
+                           message=f"ACS redirects peer traffic between GPUs under one PCIe switch up to the root "
+                           f"complex ({', '.join(ports)}): explains {', '.join(acs)}",
+                           cause="ACS ReqRedir/CmpltRedir on the switch's downstream ports sends every peer request "
+                           "and completion through the root complex: P2P halved or failing (rtx6kpro "
+                           "hardware/topology.md)",
+                           fix=ACS_FIX, category="p2p"))
     if bar1:
-        out.append(Finding("fail", "bar1", "node",
-                           f"BAR1 is the legacy 256 MiB window ({', '.join(sorted({s for v in bar1.values() for s in v}))}"
-                           f"): explains {', '.join(bar1)}",
-                           "without Resizable BAR the peer can map only 256 MiB of the card's memory: large peer "
-                           "mappings fail", BAR1_FIX, category="p2p"))
+        out.append(Finding("bar1", "fail", subject="node",
+                           message="BAR1 is the legacy 256 MiB window "
+                           f"({', '.join(sorted({s for v in bar1.values() for s in v}))}): explains {', '.join(bar1)}",
+                           cause="without Resizable BAR the peer can map only 256 MiB of the card's memory: large peer "
+                           "mappings fail", fix=BAR1_FIX, category="p2p"))
     missing = missing_p2p_keys(live_p2p_keys(fabric))
     if direct and fabric.get("driver_params") and missing:
-        out.append(Finding("warn", "p2p_mode", "node",
-                           f"{len(direct)} measured pair(s) share no PCIe switch ({', '.join(direct[:4])}"
+        out.append(Finding("p2p_mode", "warn", subject="node",
+                           message=f"{len(direct)} measured pair(s) share no PCIe switch ({', '.join(direct[:4])}"
                            f"{', ...' if len(direct) > 4 else ''}) and the loaded nvidia module lacks "
                            f"{', '.join(missing)}: kernel-level P2P is staged through system memory",
-                           "custom all-reduce runs about 15x slower (rtx6kpro optimization/pcie-oneshot-allreduce.md); "
-                           "cudaMemcpy peer copies and NCCL, and so the numbers above, do not show it", P2P_MODE_FIX,
-                           category="node"))
+                           cause="custom all-reduce runs about 15x slower (rtx6kpro "
+                           "optimization/pcie-oneshot-allreduce.md); cudaMemcpy peer copies and NCCL, and so the "
+                           "numbers above, do not show it", fix=P2P_MODE_FIX, category="node"))
     nvlinked = {i for p in pairs if p.link_class == "nvlink" for i in (p.src, p.dst)}  # their peers use NVLink
     collapse = collapse_switches([e for i, e in entry.items() if i not in nvlinked])
     if collapse:
         named = "; ".join(f"switch {switch} to root ports {', '.join(roots)}" for switch, roots in collapse.items())
-        out.append(Finding("warn", "write_collapse", "node",
-                           f"the fabric has the posted-write collapse pattern: two or more GPUs under one PCIe "
+        out.append(Finding("write_collapse", "warn", subject="node",
+                           message=f"the fabric has the posted-write collapse pattern: two or more GPUs under one PCIe "
                            f"switch writing concurrently to GPUs behind two or more other root ports ({named})",
-                           "on some switch and CPU combinations such writes collapse by 75-93 % (Broadcom PEX890xx + "
-                           "EPYC 9575F, Microchip PM50100 + TR Pro 7955WX; rtx6kpro hardware/collapse-report.md); "
-                           "the pair-at-a-time numbers above cannot show it", COLLAPSE_FIX, category="node"))
+                           cause="on some switch and CPU combinations such writes collapse by 75-93 % (Broadcom "
+                           "PEX890xx + EPYC 9575F, Microchip PM50100 + TR Pro 7955WX; rtx6kpro "
+                           "hardware/collapse-report.md); the pair-at-a-time numbers above cannot show it",
+                           fix=COLLAPSE_FIX, category="node"))
     explained: dict[str, list[str]] = {"acs": list(acs), "bar1": list(bar1),
                                        "p2p_mode": direct if any(f.code == "p2p_mode" for f in out) else []}
     by_name = {pair_name(p.src, p.dst): p for p in pairs}
     for code, named in explained.items():
         for name in named:
             by_name[name].reasons.append(code)
-            below = next((f for f in findings if f.subject == name and f.code == "below-expectation"), None)
-            if below is not None and code != "p2p_mode":
-                cause = next(f.cause for f in out if f.code == code)
-                below.cause = f"{code}: {cause}" + (f"; {below.cause}" if below.cause else "")
+            at = next((i for i, f in enumerate(findings) if f.subject == name and f.code == "below-expectation"), None)
+            if at is not None and code != "p2p_mode":
+                cause, below = next(f.cause for f in out if f.code == code), findings[at]
+                findings[at] = replace(below, cause=f"{code}: {cause}" + (f"; {below.cause}" if below.cause else ""))
     return out

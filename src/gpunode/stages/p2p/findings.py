@@ -1,20 +1,19 @@
-"""What the p2p verdict says, as types: a finding, a pair's verdict, and the names of their subjects.
-Apart from verdict.py so that the fabric's causes (fabric.py) can be said in the same words."""
+"""What the p2p verdict says, as types: its findings (``gpunode.ground.finding.Finding``, shipped into
+the image beside this package), a pair's verdict, and the names of their subjects. Apart from
+verdict.py so that the fabric's causes (fabric.py) can be said in the same words."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpunode.ground.finding import Finding as Finding  # the verdict's findings; tests take it from here
 
-@dataclass
-class Finding:
-    severity: str  # fail | warn | info
-    code: str  # stable identifier for automation
-    subject: str  # node, GPU0, GPU0->GPU1 (NVML indices)
-    message: str
-    cause: str | None = None
-    fix: str | None = None
-    category: str = "node"  # environment | data | p2p (demoted to warn when not required) | node | info
+# A finding in the JSON report (its verdict's findings, which the p2p stage's record and `gpunode
+# check` read back from the node). Its severity is fail | warn | info; its subject node, GPU0 or
+# GPU0->GPU1 (NVML indices); its category environment | data | p2p (demoted to warn when not
+# required) | node | info.
+KEYS = {"severity": "severity", "code": "code", "subject": "subject", "message": "message", "cause": "cause",
+        "fix": "fix", "category": "category"}
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The check's output: a readable report (rich tables and matrices) and JSON with every number.
 
-``to_json`` / ``result_from_json`` round-trip a ``CheckResult`` through plain JSON, so recorded
+``to_json`` / ``result_from_json`` round-trip a ``P2PReport`` through plain JSON, so recorded
 runs (tests/fixtures/p2p) can be judged and rendered again without a GPU.
 """
 
@@ -13,6 +13,7 @@ from typing import Any, TextIO, Union, get_args, get_origin, get_type_hints
 
 from gpunode.stages.p2p.measure import Bandwidth, DriverProbe, GpuMeasurements, Latency, Measurements, Method
 from gpunode.stages.p2p.topology import LEGEND_TEXT, Gpu, Topology, link_gbps
+from gpunode.stages.p2p.findings import KEYS as FINDING_KEYS
 from gpunode.stages.p2p.verdict import EXIT_CODES, Expectations, Finding, PairVerdict, Verdict, gpu_name
 
 SCHEMA = "gpunode.p2p/1"  # the record format's name, kept when the package moved
@@ -25,7 +26,9 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "not meas
 
 
 @dataclass
-class CheckResult:
+class P2PReport:
+    """The whole check: the verdict, what it was judged against, the readings, how they were taken."""
+
     verdict: Verdict
     expectations: Expectations
     topology: Topology | None = None
@@ -38,8 +41,9 @@ class CheckResult:
 
 # -- JSON --------------------------------------------------------------------------------------
 
-def to_json(result: CheckResult) -> dict[str, Any]:
+def to_json(result: P2PReport) -> dict[str, Any]:
     data = dataclasses.asdict(result)
+    data["verdict"]["findings"] = [finding.as_dict(FINDING_KEYS) for finding in result.verdict.findings]
     ordered = {"schema": data.pop("schema"), "verdict": data.pop("verdict")}
     ordered.update(data)
     return ordered
@@ -68,10 +72,10 @@ def _from_plain(kind: Any, value: Any) -> Any:
     return value
 
 
-def result_from_json(data: dict[str, Any]) -> CheckResult:
+def result_from_json(data: dict[str, Any]) -> P2PReport:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document (schema: {data.get('schema')!r})")
-    result: CheckResult = _from_plain(CheckResult, data)
+    result: P2PReport = _from_plain(P2PReport, data)
     return result
 
 
@@ -107,7 +111,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def render_text(result: CheckResult, out: TextIO) -> None:
+def render_text(result: P2PReport, out: TextIO) -> None:
     from rich.console import Console  # only the text report needs rich
 
     console = Console(file=out, highlight=False, width=None if out.isatty() else 180, soft_wrap=False,
@@ -138,7 +142,7 @@ def render_text(result: CheckResult, out: TextIO) -> None:
                   + (f"; checked in {total:.1f} s" if total is not None else ""))
 
 
-def _print_host(console: Any, result: CheckResult) -> None:
+def _print_host(console: Any, result: P2PReport) -> None:
     topology = result.topology
     assert topology is not None
     host = topology.host

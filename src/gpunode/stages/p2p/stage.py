@@ -25,13 +25,14 @@ FABRIC_FILE = "fabric.json"
 
 def archive(fabric: dict[str, Any] | None = None) -> bytes:
     """The gpunode.stages.p2p package (stdlib + torch + nvidia-ml-py), the exit codes it returns, the
-    way it shows a value in a message and the fabric reader it judges with, as a tar for the server image; with the host's fabric facts as
+    way it shows a value in a message, the one Finding type its verdict is made of and the fabric
+    reader it judges with, as a tar for the server image; with the host's fabric facts as
     fabric.json beside them, when the play read them."""
     package = Path(__file__).resolve().parents[2]
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
-        for name in ("__init__.py", "ground/__init__.py", "ground/exitcodes.py", "ground/text.py", "stages/__init__.py",
-                     PCI_FABRIC):
+        for name in ("__init__.py", "ground/__init__.py", "ground/exitcodes.py", "ground/finding.py", "ground/text.py",
+                     "stages/__init__.py", PCI_FABRIC):
             tar.add(package / name, arcname=f"gpunode/{name}")
         for path in sorted((package / "stages" / "p2p").glob("*.py")):
             if path.name != "stage.py":  # this file: the controller's side

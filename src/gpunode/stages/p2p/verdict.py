@@ -18,7 +18,7 @@ problems always do.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gpunode.ground import exitcodes
@@ -128,7 +128,7 @@ def in_vm(topology: Topology) -> bool:
 # -- environment -------------------------------------------------------------------------------
 
 def environment_finding(code: str, message: str, cause: str | None = None, fix: str | None = None) -> Finding:
-    return Finding("fail", code, "node", message, cause, fix, category="environment")
+    return Finding(code, "fail", subject="node", message=message, cause=cause, fix=fix, category="environment")
 
 
 def driver_probe_findings(probe: DriverProbe, host: HostFacts) -> list[Finding]:
@@ -179,8 +179,8 @@ def _virtualization_findings(topology: Topology, pairs_missing_p2p: bool) -> lis
         else:
             severity, message = "warn", (f"{gpu_name(gpu.index)} runs in a VM ({gpu.virtualization}): with more "
                                          "than one GPU, P2P between them will be lost here")
-        findings.append(Finding(severity, "vm-passthrough", gpu_name(gpu.index), message, VM_CAUSE, VM_FIX,
-                                category="p2p"))
+        findings.append(Finding("vm-passthrough", severity, subject=gpu_name(gpu.index), message=message,
+                                cause=VM_CAUSE, fix=VM_FIX, category="p2p"))
     return findings
 
 
@@ -202,20 +202,22 @@ def _gpu_findings(gpu: Gpu, measured: GpuMeasurements | None) -> list[Finding]:
     findings: list[Finding] = []
     link = downtrained(gpu)
     if link:
-        findings.append(Finding("fail", "downtrained-link", subject, f"PCIe link downtrained: {link}",
-                                "a riser, slot, BIOS link-speed setting or signal problem keeps the link below its "
-                                "capability; every copy through it is slower",
-                                "reseat the card / check the slot's BIOS PCIe speed setting and the riser",
+        findings.append(Finding("downtrained-link", "fail", subject=subject, message=f"PCIe link downtrained: {link}",
+                                cause="a riser, slot, BIOS link-speed setting or signal problem keeps the link below "
+                                "its capability; every copy through it is slower",
+                                fix="reseat the card / check the slot's BIOS PCIe speed setting and the riser",
                                 category="p2p"))
     elif gpu.under_load is None:
-        findings.append(Finding("info", "link-idle-only", subject,
-                                "PCIe link read only at idle (no copy ran): the generation may read low at idle",
-                                category="info"))
+        findings.append(Finding("link-idle-only", "info", subject=subject,
+                                message="PCIe link read only at idle (no copy ran): the generation may read low at "
+                                "idle", category="info"))
     load = gpu.under_load
     severe = sorted(set(load.clock_event_reasons) & SEVERE_THROTTLE) if load else []
     if severe:
-        findings.append(Finding("warn", "throttled", subject, f"clocks held down during copies: {', '.join(severe)}",
-                                "thermal or power limits", "check cooling and the power limit", category="node"))
+        findings.append(Finding("throttled", "warn", subject=subject,
+                                message=f"clocks held down during copies: {', '.join(severe)}",
+                                cause="thermal or power limits", fix="check cooling and the power limit",
+                                category="node"))
     if measured is None:
         return findings
     findings.extend(_placement_findings(gpu, measured))
@@ -227,10 +229,11 @@ def _placement_findings(gpu: Gpu, measured: GpuMeasurements) -> list[Finding]:
     if not measured.pinning.startswith("unpinned"):
         return []
     node = f"NUMA node {numa_of(gpu)}" if numa_of(gpu) is not None else "its NUMA node"
-    return [Finding("warn", "numa-placement", gpu_name(gpu.index), f"measuring thread {measured.pinning}",
-                    f"this process may not run on {gpu_name(gpu.index)}'s local CPUs ({node}): host copies and the "
-                    "server's CPU threads cross the socket interconnect",
-                    f"give the container cores on {node} (Proxmox: cores / cpuset of the container)",
+    return [Finding("numa-placement", "warn", subject=gpu_name(gpu.index),
+                    message=f"measuring thread {measured.pinning}",
+                    cause=f"this process may not run on {gpu_name(gpu.index)}'s local CPUs ({node}): host copies and "
+                    "the server's CPU threads cross the socket interconnect",
+                    fix=f"give the container cores on {node} (Proxmox: cores / cpuset of the container)",
                     category="node")]
 
 
@@ -239,12 +242,13 @@ def _host_copy_findings(subject: str, measured: GpuMeasurements) -> list[Finding
     for result in (measured.h2d, measured.d2h, measured.d2d, measured.h2d_latency, measured.d2h_latency,
                    measured.d2d_latency):
         if result is not None and not result.verified:
-            findings.append(Finding("fail", "data-mismatch", subject,
-                                    f"{result.kind} copy {result.src}->{result.dst}: destination differs from the "
-                                    "source pattern", "memory or DMA translation fault (IOMMU)",
-                                    "check dmesg for IOMMU/Xid errors", category="data"))
+            findings.append(Finding("data-mismatch", "fail", subject=subject,
+                                    message=f"{result.kind} copy {result.src}->{result.dst}: destination differs from "
+                                    "the source pattern", cause="memory or DMA translation fault (IOMMU)",
+                                    fix="check dmesg for IOMMU/Xid errors", category="data"))
     for name, error in measured.errors.items():
-        findings.append(Finding("fail", "measurement-failed", subject, f"{name}: {error}", category="node"))
+        findings.append(Finding("measurement-failed", "fail", subject=subject, message=f"{name}: {error}",
+                                category="node"))
     return findings
 
 
@@ -278,7 +282,8 @@ def _p2p_unavailable(pair: PairTopology, measured: PairMeasurements | None, topo
         cause, fix = P2P_REASON_CAUSES.get(reason, ("the platform does not route P2P between these GPUs "
                                                     "(IOMMU in translated mode or ACS are the usual reasons)",
                                                     IOMMU_FIX))
-    return Finding("fail", "p2p-unavailable", pair_name(pair.src, pair.dst), message, cause, fix, category="p2p")
+    return Finding("p2p-unavailable", "fail", subject=pair_name(pair.src, pair.dst), message=message, cause=cause,
+                   fix=fix, category="p2p")
 
 
 def likely_causes(pair: PairTopology, link_class: str, topology: Topology,
@@ -331,8 +336,8 @@ def judge_pair(pair: PairTopology, topology: Topology, measured: PairMeasurement
         findings.append(unavailable)
     if measured is None or uni is None:
         errors = "; ".join(f"{k}: {v}" for k, v in (measured.errors.items() if measured else []))
-        findings.append(Finding("fail", "not-measured", subject, f"pair not measured{': ' + errors if errors else ''}",
-                                category="node"))
+        findings.append(Finding("not-measured", "fail", subject=subject,
+                                message=f"pair not measured{': ' + errors if errors else ''}", category="node"))
     else:
         findings.extend(_pair_measurement_findings(subject, measured, uni, expected, link_class,
                                                    likely_causes(pair, link_class, topology, measured, gpus_measured)))
@@ -349,22 +354,23 @@ def _pair_measurement_findings(subject: str, measured: PairMeasurements, uni: Ba
     findings = []
     for result in (measured.uni, measured.bidir, measured.latency):
         if result is not None and not result.verified:
-            findings.append(Finding("fail", "data-mismatch", subject,
-                                    f"{result.kind} copy: destination differs from the source pattern",
-                                    "IOMMU in translated mode or ACS redirecting P2P: copies complete but data is lost",
-                                    IOMMU_FIX, category="data"))
+            findings.append(Finding("data-mismatch", "fail", subject=subject,
+                                    message=f"{result.kind} copy: destination differs from the source pattern",
+                                    cause="IOMMU in translated mode or ACS redirecting P2P: copies complete but data "
+                                    "is lost", fix=IOMMU_FIX, category="data"))
     if uni.median_gbps < expected:
-        findings.append(Finding("fail", "below-expectation", subject,
-                                f"unidirectional {uni.median_gbps:.1f} GB/s < {expected:g} GB/s expected "
+        findings.append(Finding("below-expectation", "fail", subject=subject,
+                                message=f"unidirectional {uni.median_gbps:.1f} GB/s < {expected:g} GB/s expected "
                                 f"({link_class.replace('_', '-')}, path {uni.path})",
-                                "; ".join(causes), category="p2p"))
+                                cause="; ".join(causes), category="p2p"))
     bidir = measured.bidir
     if bidir is not None and bidir.median_gbps <= uni.median_gbps:
-        findings.append(Finding("info", "bidir-no-overlap", subject,
-                                f"bidirectional {bidir.median_gbps:.1f} GB/s is not above unidirectional "
+        findings.append(Finding("bidir-no-overlap", "info", subject=subject,
+                                message=f"bidirectional {bidir.median_gbps:.1f} GB/s is not above unidirectional "
                                 f"{uni.median_gbps:.1f} GB/s: the two directions do not overlap", category="info"))
     for name, error in measured.errors.items():
-        findings.append(Finding("fail", "measurement-failed", subject, f"{name}: {error}", category="node"))
+        findings.append(Finding("measurement-failed", "fail", subject=subject, message=f"{name}: {error}",
+                                category="node"))
     return findings
 
 
@@ -373,10 +379,10 @@ def _pair_measurement_findings(subject: str, measured: PairMeasurements, uni: Ba
 def _demote(findings: list[Finding], expect: Expectations) -> None:
     if expect.required:
         return
-    for finding in findings:
+    for at, finding in enumerate(findings):
         if finding.category == "p2p" and finding.severity == "fail":
-            finding.severity = "warn"
-            finding.message += " (p2p.required is false: not failing)"
+            findings[at] = replace(finding, severity="warn",
+                                   message=finding.message + " (p2p.required is false: not failing)")
 
 
 def exit_code_for(findings: list[Finding], pairs_applicable: bool) -> int:
@@ -412,10 +418,10 @@ def judge(topology: Topology, measurements: Measurements | None, expect: Expecta
     findings[:0] = _virtualization_findings(topology, missing_p2p)
     findings.extend(_count_findings(topology, measurements, expect, measured_indices))
     if measurements is not None and measurements.hung_step:
-        findings.append(Finding("fail", "copy-hung", "node",
-                                f"'{measurements.hung_step}' did not finish: the copy hung",
-                                "P2P routed through a root complex that drops it (IOMMU/ACS), or a GPU fault",
-                                IOMMU_FIX, category="node"))
+        findings.append(Finding("copy-hung", "fail", subject="node",
+                                message=f"'{measurements.hung_step}' did not finish: the copy hung",
+                                cause="P2P routed through a root complex that drops it (IOMMU/ACS), or a GPU fault",
+                                fix=IOMMU_FIX, category="node"))
     _demote(findings, expect)
     code = exit_code_for(findings, pairs_applicable)
     for verdict in pair_verdicts:
@@ -434,18 +440,18 @@ def _count_findings(topology: Topology, measurements: Measurements | None, expec
     if measurements is not None:
         unmeasured = [gpu.index for gpu in topology.gpus if gpu.index not in measured]
         if unmeasured:
-            findings.append(Finding("warn", "gpus-not-measured", "node",
-                                    f"NVML sees {len(topology.gpus)} GPU(s), CUDA measured {len(measured)}: "
+            findings.append(Finding("gpus-not-measured", "warn", subject="node",
+                                    message=f"NVML sees {len(topology.gpus)} GPU(s), CUDA measured {len(measured)}: "
                                     f"{', '.join(gpu_name(i) for i in unmeasured)} not measured",
-                                    "CUDA_VISIBLE_DEVICES hides them, or their device nodes are missing here",
+                                    cause="CUDA_VISIBLE_DEVICES hides them, or their device nodes are missing here",
                                     category="node"))
     if measurements is not None and len(measured) < 2:
-        findings.append(Finding("info", "pairs-not-applicable", "node",
-                                f"{len(measured)} GPU measured: pair (P2P) checks are not applicable and this result "
-                                "says nothing about P2P", category="info"))
+        findings.append(Finding("pairs-not-applicable", "info", subject="node",
+                                message=f"{len(measured)} GPU measured: pair (P2P) checks are not applicable and this "
+                                "result says nothing about P2P", category="info"))
     if expect.min_gpus is not None and len(measured) < expect.min_gpus:
-        findings.append(Finding("fail", "too-few-gpus", "node",
-                                f"{len(measured)} GPU(s) measured, {expect.min_gpus} required",
+        findings.append(Finding("too-few-gpus", "fail", subject="node",
+                                message=f"{len(measured)} GPU(s) measured, {expect.min_gpus} required",
                                 category="node"))
     return findings
 

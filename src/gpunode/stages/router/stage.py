@@ -134,7 +134,7 @@ def _smoke(target: RouterTarget, fw: Forward, client: Any, api_key: str | None) 
         runner = DockerBenchRunner(client, derived.bench_image, derived.model_dir,
                                    server_url=f"http://{probe_address(router.bind)}:{router.port}")
     report = run_checks(f"http://127.0.0.1:{fw.ports[router.port]}", derived.served_name, api_key, runner)
-    return report.exit_code, [check.as_dict() for check in report.checks]
+    return report.exit_code, report.as_dict()["checks"]
 
 
 def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:

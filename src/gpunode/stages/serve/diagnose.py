@@ -23,8 +23,9 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+from gpunode.ground.finding import FAIL, Finding
 from gpunode.ground.nvidia import MOUNT_POINT
 from gpunode.ground.redact import redact as redact  # serve's readiness and its tests take it from here
 from gpunode.stages.serve.logread import LINE_CHARS as CUT_CHARS
@@ -43,18 +44,13 @@ class Signature:
     implied_by: tuple[str, ...] = ()  # findings that explain this one: it is left out beside them
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One named failure: ``id``, what it is, why it happens, the fix, and the log line that showed it."""
+# A finding (one named failure: its code, what it is, why it happens, the fix, and the log line
+# that showed it) in `gpunode diagnose --json`, under the keys it always had.
+KEYS = {"code": "id", "message": "summary", "cause": "cause", "fix": "fix", "evidence": "line"}
 
-    id: str
-    summary: str
-    cause: str
-    fix: str
-    line: str
 
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+def finding_as_dict(finding: Finding) -> dict[str, str]:
+    return finding.as_dict(KEYS)
 
 
 @dataclass(frozen=True)
@@ -365,13 +361,14 @@ class Scan:
         named = [key for key in sorted(self.first, key=lambda k: self.first[k][:2])
                  if not any(other in self.first for other in _BY_KEY[key].implied_by)]
         if named:
-            return [Finding(key, _BY_KEY[key].title, _BY_KEY[key].cause, _BY_KEY[key].fix,
-                            _shown(self.first[key][2], secrets, LINE_CHARS)) for key in named]
+            return [Finding(key, FAIL, _BY_KEY[key].title, cause=_BY_KEY[key].cause, fix=_BY_KEY[key].fix,
+                            evidence=_shown(self.first[key][2], secrets, LINE_CHARS)) for key in named]
         if not self.errors:
             return []
-        return [Finding("unknown", "a failure no signature names", "see the log lines",
-                        "read the whole log (docker logs <container>); these are its last error lines",
-                        redact(" | ".join(_without_cut_word(line).strip() for line in self.errors), secrets)[:1500])]
+        return [Finding("unknown", FAIL, "a failure no signature names", cause="see the log lines",
+                        fix="read the whole log (docker logs <container>); these are its last error lines",
+                        evidence=redact(" | ".join(_without_cut_word(line).strip() for line in self.errors),
+                                        secrets)[:1500])]
 
     def last_error_line(self, secrets: Iterable[str] = ()) -> str:
         """The last error-looking line, else the last line (redacted)."""
@@ -393,10 +390,10 @@ def scan_text(text: str) -> Scan:
 
 def match_signature(text: str) -> tuple[Signature, str] | None:
     """The signature of the failure that began first in ``text``, and the line that shows it."""
-    named = [found for found in findings(text) if found.id != "unknown"]
+    named = [found for found in findings(text) if found.code != "unknown"]
     if not named:
         return None
-    return _BY_KEY[named[0].id], named[0].line
+    return _BY_KEY[named[0].code], named[0].evidence or ""
 
 
 def findings(text: str, secrets: Iterable[str] = ()) -> list[Finding]:
@@ -410,9 +407,9 @@ def diagnose(log_text: str, exit_code: int | None = None, oom_killed: bool = Fal
     start fails). Always returns something."""
     secrets = tuple(secrets)
     result = scan_text(log_text)
-    named = [f for f in result.findings(secrets) if f.id != "unknown"]
+    named = [f for f in result.findings(secrets) if f.code != "unknown"]
     if named:
-        return Diagnosis(named[0].id, named[0].summary, named[0].fix, named[0].line, exit_code)
+        return Diagnosis(named[0].code, named[0].message, named[0].fix or "", named[0].evidence or "", exit_code)
     if oom_killed:
         return Diagnosis("host_oom", "the kernel's OOM killer stopped the server (host RAM, not GPU memory)",
                          "give the container more memory (container.memory_gb) or lower OMP_NUM_THREADS; "

@@ -28,9 +28,10 @@ from typing import Any, TextIO
 from urllib.parse import urlparse
 
 from gpunode.ground import exitcodes
+from gpunode.ground.result import CheckResult
 from gpunode.stages.smoke import bench, checks
 from gpunode.stages.smoke.client import Api, Reply, StreamReply
-from gpunode.stages.smoke.report import CheckResult, SmokeReport, emit
+from gpunode.stages.smoke.report import SmokeReport, emit
 
 EXIT_OK = exitcodes.OK
 EXIT_FAILED = exitcodes.FAILED

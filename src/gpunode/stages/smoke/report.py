@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
-Status = Literal["pass", "fail", "skip"]
+from gpunode.ground.result import CheckResult
 
 
-@dataclass
-class CheckResult:
-    name: str
-    status: Status
-    detail: str
-    seconds: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "status": self.status, "ok": self.status == "pass",
-                               "detail": self.detail, "seconds": round(self.seconds, 3)}
-        if self.data:
-            out["data"] = self.data
-        return out
+def check_as_dict(check: CheckResult) -> dict[str, Any]:
+    """One check as the smoke record keeps it (its message under ``detail``)."""
+    out: dict[str, Any] = {"name": check.name, "status": check.status, "ok": check.status == "pass",
+                           "detail": check.message, "seconds": round(check.seconds, 3)}
+    if check.data:
+        out["data"] = check.data
+    return out
 
 
 @dataclass
@@ -46,7 +35,7 @@ class SmokeReport:
         return {"url": self.url, "served_name": self.served_name, "ok": self.ok, "exit_code": self.exit_code,
                 "environment_problem": self.environment_problem or None,
                 "timings": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.timings.items()},
-                "checks": [check.as_dict() for check in self.checks]}
+                "checks": [check_as_dict(check) for check in self.checks]}
 
 
 def _fmt(value: float | None, unit: str, scale: float = 1.0, digits: int = 1) -> str:
@@ -57,7 +46,7 @@ def render_text(report: SmokeReport, out: TextIO) -> None:
     out.write(f"smoke {report.url} ({report.served_name})\n")
     width = max((len(check.name) for check in report.checks), default=8)
     for check in report.checks:
-        out.write(f"  {check.status.upper():4}  {check.name:<{width}}  {check.detail}"
+        out.write(f"  {check.status.upper():4}  {check.name:<{width}}  {check.message}"
                   f"{f'  [{check.seconds:.2f} s]' if check.seconds else ''}\n")
     t = report.timings
     out.write(f"timings: TTFT {_fmt(t.get('ttft_s'), 'ms', 1000, 0)}, single stream "

@@ -142,13 +142,13 @@ def _run(module: AnsibleModule) -> None:
             p["clear_acs"], p["p2p_registry"], p["link_power_off"]))
     repairs = {"acs_bridges": fabric.acs_to_clear(facts_fabric), "p2p_registry": fabric.wants_p2p_registry(facts_fabric),
                "registry_dwords": fabric.P2P_REGISTRY_DWORDS}
-    summary = "\n".join(f.line() for f in findings)
+    summary = "\n".join(f.line(severity=True, fix=True) for f in findings)
     blocking = [f for f in findings if f.blocking]
     if blocking:
-        module.fail_json(msg="host preflight: " + "; ".join(f.line() for f in blocking),
+        module.fail_json(msg="host preflight: " + "; ".join(f.line(severity=True, fix=True) for f in blocking),
                          findings=as_dicts(findings), gpunode_summary=summary)
     module.exit_json(changed=False, findings=as_dicts(findings), gpunode_summary=summary,
-                     failed_findings=[f.name for f in findings if f.status == "fail"], fabric_repairs=repairs)
+                     failed_findings=[f.code for f in findings if f.severity == "fail"], fabric_repairs=repairs)
 
 
 if __name__ == "__main__":
