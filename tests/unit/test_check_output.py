@@ -89,10 +89,10 @@ def loopback_hosts(tmp_path: Path, port: int | None = None) -> Path:
     return path
 
 
-def run_check(gpunode, tmp_path: Path, *args: str, addopts: str = ""):
+def run_check(gpunode, tmp_path: Path, *args: str, addopts: str = "", **env: str):
     with closed_port() as port:  # held closed for the whole check: no other process can open it
         return gpunode("check", str(loopback_hosts(tmp_path, port)), *args, timeout=300,
-                       env={"PVE_ROOT_PASSWORD": "not-used", "PYTEST_ADDOPTS": addopts})
+                       env={"PVE_ROOT_PASSWORD": "not-used", "PYTEST_ADDOPTS": addopts, **env})
 
 
 def test_no_check_collected_is_not_green(gpunode, tmp_path: Path) -> None:
@@ -102,8 +102,14 @@ def test_no_check_collected_is_not_green(gpunode, tmp_path: Path) -> None:
 
 
 def test_pytest_usage_error_is_not_green(gpunode, tmp_path: Path) -> None:
-    """What a missing pytest-testinfra looks like: pytest refuses --hosts."""
-    result = run_check(gpunode, tmp_path, "--json", addopts="-p no:pytest11.testinfra")
+    """What a testinfra without its pytest plugin looks like: pytest refuses --hosts. (gpunode check
+    loads the plugin by name, testinfra.plugin, with pytest's autoloading off; an empty testinfra
+    first on the path stands in for a broken install.)"""
+    shadow = tmp_path / "shadow" / "testinfra"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    (shadow / "plugin.py").write_text("")
+    result = run_check(gpunode, tmp_path, "--json", PYTHONPATH=str(shadow.parent))
     data = json.loads(result.stdout)
     assert result.returncode == 4 and data["exit_code"] == 4 and not data["results"]
     assert data["error"].startswith("no check ran: pytest refused its arguments: ")

@@ -8,12 +8,14 @@ collected), 130 interrupted. A run that checked nothing is never green.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from gpunode import inventory
 from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
 from gpunode.derive import ROUTER_NODE, node_name
 from gpunode.hostfile import HostFile
-from gpunode.ground.paths import state_dir
+from gpunode.ground.paths import ANSIBLE_CFG, state_dir
 from gpunode.ground.redact import redact
 from gpunode.ground.result import CheckResult
 
@@ -154,6 +156,36 @@ def check_groups(hostfile: HostFile, layers: list[str]) -> list[tuple[str, list[
     return groups
 
 
+# What the checks' pytest runs with: testinfra reads gpunode's ansible.cfg for its SSH options (one
+# shared connection per machine: the ControlPath, in a folder that must exist for testinfra to use
+# it); and pytest loads only the plugin the checks need (testinfra's, given by name), where it would
+# import every installed one (hypothesis, xdist, anyio...) at each start: seconds on a small machine.
+CHECK_ENV = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def control_path_dir() -> Path:
+    """The folder of the shared SSH connections' sockets, as gpunode's ansible.cfg names it."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ANSIBLE_CFG)
+    return Path(config.get("persistent_connection", "control_path_dir", fallback="~/.ansible/cp")).expanduser()
+
+
 def run_group(inventory_file: Path, files: list[str], hosts: list[str]) -> CheckReport:
     """The checks of ``files`` on ``hosts`` (inventory names), in this process."""
     import pytest
@@ -161,11 +193,12 @@ def run_group(inventory_file: Path, files: list[str], hosts: list[str]) -> Check
     collector = _Collector()
     # testinfra's ansible backend calls ansible-inventory: the one beside this interpreter.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    args = [*files, "--hosts=" + ",".join(f"ansible://{name}" for name in hosts), f"--ansible-inventory={inventory_file}",
-            "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "-q", "--no-header", "-rN",
-            "-p", "no:randomly"]
+    control_path_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    args = ["-p", "testinfra.plugin", *files, "--hosts=" + ",".join(f"ansible://{name}" for name in hosts),
+            f"--ansible-inventory={inventory_file}", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
+            str(CHECKS_DIR), "-q", "--no-header", "-rN"]
     errors = io.StringIO()
-    with open(os.devnull, "w") as sink:
+    with open(os.devnull, "w") as sink, _environment(CHECK_ENV):
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = sink, errors  # pytest's own report is ours to render
         try:
