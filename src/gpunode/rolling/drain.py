@@ -29,7 +29,7 @@ class Drained:
     host: str
     url: str
     listed: bool = False  # the router had it when the drain began
-    routed_at_removal: int | None = None  # requests the router had sent it when it was taken out
+    routed_at_removal: int | None = None  # requests the router had sent it, counted once its last one ended
     in_flight: dict[str, int | None] = field(default_factory=dict)  # the last reading: router, server (None: unread)
     waited_s: float = 0.0
     timed_out: bool = False
@@ -90,7 +90,6 @@ def drain(view: RouterView, host: str, url: str, server_in_flight: Callable[[], 
         left = view.api.wait_gone({url}, timeout_s=30.0)
         if left:
             raise RouterUnavailable(f"the router still lists {url} 30 s after DELETE /workers/{listed.id}")
-    record.routed_at_removal = view.routed().get(url, 0)
     deadline = start + timeout_s
     while True:
         record.in_flight = {"router": view.router_in_flight(url), "server": server_in_flight()}
@@ -101,6 +100,9 @@ def drain(view: RouterView, host: str, url: str, server_in_flight: Callable[[], 
             break
         view.sleep(POLL_S)
     record.waited_s = view.clock() - start
+    # The router counts a request when it ends (its outcome): read once what was in flight has ended,
+    # so that any count beyond this one is a request routed to the worker while it was out.
+    record.routed_at_removal = view.routed().get(url, 0)
     if all(count is None for count in record.in_flight.values()):
         record.note = ("nothing could say what was in flight (the router lists no count for it and the server has no "
                        "--enable-metrics): the server's own shutdown finishes what it holds")
