@@ -95,15 +95,23 @@ class FakeRouter:
         self.calls.append(f"add {url} {'with key' if api_key else 'without key'}")
         self.workers[url] = RouterWorker(f"id-{url}", url, self.healthy_on_return, "glm-5")
 
-    def in_flight(self, url: str) -> int | None:
+    def in_flight(self, url: str) -> int:
         return sum(1 for end in self.ends.get(url, []) if end > self.now)
+
+    def counted(self) -> dict[str, int]:
+        """The router's count per worker: each request counted once it has ended."""
+        return {url: count + sum(1 for end in self.ends.get(url, []) if end <= self.now)
+                for url, count in self.routed.items()}
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
 
     def view(self) -> RouterView:
-        return RouterView(self.api(), lambda: dict(self.routed), self.in_flight, clock=lambda: self.now,
-                          sleep=self.sleep)
+        return RouterView(self.api(), self.counted, clock=lambda: self.now, sleep=self.sleep)
+
+    def server(self, url: str = "http://10.0.3.12:30000") -> Any:
+        """The server's own count of what it holds: the requests in flight there."""
+        return lambda: self.in_flight(url)
 
 
 URL = "http://10.0.3.12:30000"
@@ -117,33 +125,33 @@ def _router(**kwargs: Any) -> FakeRouter:
 
 def test_a_drain_takes_the_worker_out_and_waits_until_nothing_is_in_flight() -> None:
     router = _router(ends={URL: [3.0, 5.0]})
-    record = drain(router.view(), "pve-lab2", URL, lambda: 0, timeout_s=60)
+    record = drain(router.view(), "pve-lab2", URL, router.server(), timeout_s=60)
     assert router.calls == [f"remove {URL}"] and URL not in router.workers
-    assert record.listed and record.routed_at_removal == 41 and not record.timed_out
-    assert record.in_flight == {"router": 0, "server": 0} and record.waited_s == 5.0
-    assert "taken out of the router after 41 requests" in record.line()
+    # The two requests in flight end at 5 s, the router counts them then, and holds still for 2 s.
+    assert record.listed and record.routed_at_removal == 43 and not record.timed_out
+    assert record.in_flight == 0 and record.waited_s == 7.0
+    assert "taken out of the router after 43 requests" in record.line()
 
 
-def test_the_servers_own_queue_holds_the_drain_too() -> None:
+def test_the_servers_own_count_holds_the_drain_even_when_the_router_is_quiet() -> None:
     router = _router()
-    held = iter([2, 1, 0])
+    held = iter([2, 1, 1, 0])
     record = drain(router.view(), "pve-lab2", URL, lambda: next(held), timeout_s=60)
-    assert record.waited_s == 2.0 and record.in_flight == {"router": 0, "server": 0}
+    assert record.waited_s == 3.0 and record.in_flight == 0
 
 
 def test_a_drain_that_outlasts_its_timeout_goes_on_and_says_so() -> None:
     router = _router(ends={URL: [1000.0]})
-    record = drain(router.view(), "pve-lab2", URL, lambda: None, timeout_s=10)
-    assert record.timed_out and record.in_flight == {"router": 1, "server": None} and record.waited_s == 10.0
-    assert "the drain timeout passed" in record.line() and "server unread" in record.line()
+    record = drain(router.view(), "pve-lab2", URL, router.server(), timeout_s=10)
+    assert record.timed_out and record.in_flight == 1 and record.waited_s == 10.0
+    assert "the drain timeout passed" in record.line() and "in flight at the restart: 1" in record.line()
 
 
-def test_nothing_to_read_in_flight_is_said_not_taken_for_zero() -> None:
-    router = _router()
-    view = router.view()
-    view.router_in_flight = lambda url: None
-    record = drain(view, "pve-lab2", URL, lambda: None, timeout_s=60)
-    assert record.waited_s == 0.0 and "nothing could say what was in flight" in record.note
+def test_a_server_that_cannot_say_is_said_and_the_routers_count_must_hold_still() -> None:
+    router = _router(ends={URL: [1.5]})
+    record = drain(router.view(), "pve-lab2", URL, lambda: None, timeout_s=60)
+    assert record.waited_s == 4.0 and record.routed_at_removal == 42  # counted at the 2 s poll, still at 4 s
+    assert "the server could not say what it held" in record.note and "in flight at the restart: unread" in record.line()
 
 
 def test_a_worker_the_router_does_not_list_is_not_removed() -> None:
@@ -157,7 +165,7 @@ def test_a_router_that_keeps_the_worker_fails_the_drain() -> None:
     router = _router()
     api = router.api()
     api.remove_worker = lambda worker: None  # the DELETE answered, the worker stays
-    view = RouterView(api, lambda: {}, router.in_flight, clock=lambda: router.now, sleep=router.sleep)
+    view = RouterView(api, lambda: {}, clock=lambda: router.now, sleep=router.sleep)
     view.api.wait_gone = lambda urls, timeout_s: set(urls)
     with pytest.raises(RouterUnavailable, match="still lists"):
         drain(view, "pve-lab2", URL, lambda: 0, timeout_s=60)
@@ -167,8 +175,7 @@ def test_the_return_registers_with_the_key_and_counts_what_was_routed_while_out(
     router = _router()
     view = router.view()
     record = drain(view, "pve-lab2", URL, lambda: 0, timeout_s=60)
-    router.routed[URL] = 41  # nothing sent while out
-    back = restore(view, record, "-key", timeout_s=30)
+    back = restore(view, record, "-key", timeout_s=30)  # nothing sent while out
     assert router.calls[-1] == f"add {URL} with key" and back.restored and back.leaked() == 0
     assert back.as_dict()["routed_while_out"] == 0 and "back in the router" in back.line()
     leaky = Drained("pve-lab2", URL, listed=True, routed_at_removal=41)
@@ -234,7 +241,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[str], FakeRoute
 
     def drained(view: RouterView, host: str, url: str, read: Any, timeout_s: float) -> Drained:
         events.append(f"drain {host}")
-        return Drained(host, url, listed=True, routed_at_removal=0, in_flight={"router": 0, "server": 0})
+        return Drained(host, url, listed=True, routed_at_removal=0, in_flight=0)
 
     def restored(view: RouterView, record: Drained, key: str | None, timeout_s: float) -> Drained:
         events.append(f"back {record.host}")

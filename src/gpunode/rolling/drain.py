@@ -3,9 +3,10 @@
 SGLang's router has no drain verb; its worker API does what a drain needs (stages/router/api.py):
 ``DELETE /workers/{id}`` takes a worker out of the rotation, so the router routes nothing new to
 it, and the requests it already sent there go on to their end. The drain then waits, bounded by
-``drain_timeout_s``, until nothing is in flight there: by the router's own per-worker count of
-requests it is proxying, and by the server's own queue (its ``/metrics``, when the server runs with
-``--enable-metrics``). Every count is read, never assumed; what could not be read is said.
+``drain_timeout_s``, until nothing is in flight there: the server holds no request by its own
+count (gpunode.stages.serve.load: /v1/loads, else its metrics), and the router's count of requests
+it sent the worker (counted as each ends) has not moved for ``QUIET_S``. Every count is read, never
+assumed; what could not be read is said.
 Putting it back is ``POST /workers`` with the fleet's key, then a wait until the router reports it
 healthy: the next host goes out only once this one serves again.
 """
@@ -20,6 +21,9 @@ from typing import Any
 from gpunode.stages.router.api import RouterApi, RouterUnavailable
 
 POLL_S = 1.0
+# The router counts a request to a worker when it ends: once its count has not moved for this long
+# (and the server holds nothing), nothing it sent there is still coming back.
+QUIET_S = 2.0
 
 
 @dataclass
@@ -30,7 +34,7 @@ class Drained:
     url: str
     listed: bool = False  # the router had it when the drain began
     routed_at_removal: int | None = None  # requests the router had sent it, counted once its last one ended
-    in_flight: dict[str, int | None] = field(default_factory=dict)  # the last reading: router, server (None: unread)
+    in_flight: int | None = None  # what the server held at the last reading (None: it could not say)
     waited_s: float = 0.0
     timed_out: bool = False
     routed_before_return: int | None = None  # the same count just before it was put back: equal, or the drain leaked
@@ -49,9 +53,8 @@ class Drained:
         if not self.listed:
             parts.append("not in the router (nothing to drain)")
         else:
-            flight = ", ".join(f"{source} {'unread' if count is None else count}" for source, count in self.in_flight.items())
             parts.append(f"taken out of the router after {self.routed_at_removal} requests; in flight at the restart: "
-                         f"{flight or 'unread'} ({self.waited_s:.1f} s"
+                         f"{'unread' if self.in_flight is None else self.in_flight} ({self.waited_s:.1f} s"
                          + (", the drain timeout passed" if self.timed_out else "") + ")")
         if self.routed_before_return is not None:
             parts.append(f"routed while out: {self.leaked()}")
@@ -67,13 +70,11 @@ class Drained:
 
 @dataclass
 class RouterView:
-    """What the drain reads and changes: the router's worker API, its per-worker counters (requests
-    sent, requests in flight) and one server's own in-flight count; each reader returns None when
-    it cannot say."""
+    """What the drain reads and changes: the router's worker API and its per-worker counts of
+    requests sent (each counted as it ends)."""
 
     api: RouterApi
     routed: Callable[[], dict[str, int]]  # worker url -> requests the router sent it
-    router_in_flight: Callable[[str], int | None]
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -91,21 +92,26 @@ def drain(view: RouterView, host: str, url: str, server_in_flight: Callable[[], 
         if left:
             raise RouterUnavailable(f"the router still lists {url} 30 s after DELETE /workers/{listed.id}")
     deadline = start + timeout_s
+    routed, moved = view.routed().get(url, 0), view.clock()
     while True:
-        record.in_flight = {"router": view.router_in_flight(url), "server": server_in_flight()}
-        if not any(record.in_flight.values()):
+        record.in_flight = server_in_flight()
+        now_routed = view.routed().get(url, 0)
+        if now_routed != routed:
+            routed, moved = now_routed, view.clock()
+        if not record.in_flight and view.clock() - moved >= QUIET_S:
             break
         if view.clock() >= deadline:
             record.timed_out = True
             break
         view.sleep(POLL_S)
     record.waited_s = view.clock() - start
-    # The router counts a request when it ends (its outcome): read once what was in flight has ended,
-    # so that any count beyond this one is a request routed to the worker while it was out.
-    record.routed_at_removal = view.routed().get(url, 0)
-    if all(count is None for count in record.in_flight.values()):
-        record.note = ("nothing could say what was in flight (the router lists no count for it and the server has no "
-                       "--enable-metrics): the server's own shutdown finishes what it holds")
+    # Read once what was in flight has ended: any count beyond this one is a request routed to the
+    # worker while it was out.
+    record.routed_at_removal = routed
+    if record.in_flight is None:
+        record.note = ("the server could not say what it held (no /v1/loads, no --enable-metrics): the drain "
+                       f"waited for the router's count to hold still {QUIET_S:.0f} s, and the server's own "
+                       "shutdown finishes what it holds")
     return record
 
 

@@ -97,26 +97,16 @@ def merge(runs: list[RunSummary]) -> RunSummary:
 @contextlib.contextmanager
 def router_view(hostfile: HostFile) -> Iterator[RouterView]:
     """The router's API and counters, through an SSH forward of its ports on the router machine."""
-    from gpunode.ground.metrics import MetricsUnreadable
     from gpunode.stages.engine import forward
-    from gpunode.stages.router.api import RouterApi, RouterUnavailable, read_metrics, worker_in_flight, worker_requests
+    from gpunode.stages.router.api import RouterApi, read_metrics, worker_requests
 
     router, derived = hostfile.router, derive_router(hostfile)
     assert router is not None and derived is not None
     key = router.api_key.resolve() if router.api_key is not None else None
     with forward(derived.reach, (router.port, router.metrics_port)) as fw:
         metrics_url = f"http://127.0.0.1:{fw.ports[router.metrics_port]}/metrics"
-
-        def routed() -> dict[str, int]:
-            return worker_requests(read_metrics(metrics_url))
-
-        def in_flight(url: str) -> int | None:
-            try:
-                return worker_in_flight(read_metrics(metrics_url), url)
-            except (RouterUnavailable, MetricsUnreadable):
-                return None
-
-        yield RouterView(RouterApi(f"http://127.0.0.1:{fw.ports[router.port]}", key), routed, in_flight)
+        yield RouterView(RouterApi(f"http://127.0.0.1:{fw.ports[router.port]}", key),
+                         lambda: worker_requests(read_metrics(metrics_url)))
 
 
 def serving(hostfile: HostFile, view: RouterView) -> set[str]:
@@ -129,12 +119,12 @@ def serving(hostfile: HostFile, view: RouterView) -> set[str]:
 
 @contextlib.contextmanager
 def server_reader(host: Host) -> Iterator[Callable[[], int | None]]:
-    """The server's own count of what it holds (gpunode.stages.serve.metrics), through its node's engine."""
+    """The server's own count of what it holds (gpunode.stages.serve.load), through its node's engine."""
     import docker
 
     from gpunode.derive.serverspec import CONTAINER_NAME
     from gpunode.stages.engine import EngineUnreachable, docker_client, forward
-    from gpunode.stages.serve.metrics import server_in_flight
+    from gpunode.stages.serve.load import server_in_flight
 
     try:
         with forward(host.container.reach) as fw:

@@ -917,6 +917,8 @@ class Handler(BaseHTTPRequestHandler):
             self._health()
         elif path == "/v1/models":
             self._models()
+        elif path == "/v1/loads":
+            self._loads()
         elif path in ("/model_info", "/get_model_info"):
             self._model_info()
         elif path in ("/server_info", "/get_server_info"):
@@ -988,6 +990,39 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
             "root": name, "parent": None, "max_model_len": CONTEXT_LEN}]})
+
+    def _loads(self) -> None:
+        """entrypoints/v1_loads.py get_loads, mounted whatever the flags (0.5.9 http_server.py:375-377,
+        0.5.23 :519-523), behind the API key: one scheduler's live counts, read when asked (0.5.9
+        scheduler_metrics_mixin.py:620-660 len(running_batch.reqs) and the waiting queue; 0.5.23
+        scheduler_components/load_inquirer.py:109-112). 0.5.9 answers its GetLoadsReqOutput fields
+        (managers/io_struct.py:1909-1939) with num_total_reqs and an aggregate (v1_loads.py:166-174);
+        0.5.23 a LoadSnapshot's core keys (managers/load_snapshot.py:196-222, 249-251) and the
+        accelerator (v1_loads.py:143-150). ?include= is not read: the stand-in has no other section."""
+        scheduler, args = self.state.scheduler, self.state.args
+        with scheduler.cond:
+            running, waiting = len(scheduler.running), len(scheduler.waiting)
+            used = sum(scheduler.running.values())
+        cap = args.max_running_requests or 1024
+        core = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting, "num_used_tokens": used,
+                "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS, "token_usage": round(used / MAX_TOTAL_NUM_TOKENS, 4),
+                "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": round(running / cap, 4),
+                "max_running_requests": cap}
+        now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        if VERSION == "0.5.9":
+            load = {**core, "num_total_reqs": running + waiting}
+            self._json(200, {"timestamp": now, "version": VERSION, "dp_rank_count": 1, "loads": [load], "aggregate": {
+                "total_running_reqs": running, "total_waiting_reqs": waiting, "total_reqs": running + waiting,
+                "avg_token_usage": core["token_usage"], "avg_throughput": 0.0, "avg_utilization": core["utilization"]}})
+            return
+        load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+                "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used,
+                "num_active_tokens": used, "num_prealloc_ready_tokens": 0, "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+                "max_running_requests": cap, "token_usage": core["token_usage"], "gen_throughput": 0.0,
+                "cache_hit_rate": 0.0, "utilization": core["utilization"], "total_prefill_uncached_tokens": 0,
+                "total_prefill_busy_us": 0, "decode_moments": None}
+        self._json(200, {"timestamp": now, "version": VERSION, "accelerator": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                         "num_accelerators": args.tp_size, "loads": [load]})
 
     def _model_info(self) -> None:
         # http_server.py model_info

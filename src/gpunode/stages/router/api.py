@@ -25,9 +25,6 @@ from gpunode.ground.redact import redact
 TIMEOUT_S = 10.0
 # smg_worker_cb_outcomes_total{worker="http://10.0.3.10:30000",outcome="success"} 4
 OUTCOMES = "smg_worker_cb_outcomes_total"
-# The requests the router is proxying to each worker now (a gauge, label "worker"; the name is in
-# sglang-router 0.3.2's binary, sglang_router_rs.abi3.so).
-ACTIVE = "smg_worker_requests_active"
 
 
 class RouterUnavailable(Exception):
@@ -117,13 +114,6 @@ def worker_requests(metrics_text: str) -> dict[str, int]:
     """Requests the router sent to each worker (its upstream calls, successful or not), from its
     Prometheus metrics."""
     return {url: int(value) for url, value in by_label(metrics_text, OUTCOMES, "worker").items()}
-
-
-def worker_in_flight(metrics_text: str, url: str) -> int | None:
-    """The requests the router is proxying to ``url`` now, by its own gauge; None when it lists none
-    for that worker (it has not sent it one yet, or this router has no such gauge)."""
-    found = by_label(metrics_text, ACTIVE, "worker")
-    return int(found[url]) if url in found else None
 
 
 def read_metrics(url: str) -> str:

@@ -1,6 +1,7 @@
-"""What a drain reads of a server's own metrics (gpunode.stages.serve.metrics), against the stand-in
-server, which prints /metrics as sglang 0.5.9 and 0.5.23 do (tests/unit/test_standin_metrics.py):
-the requests it is answering, by its HTTP gauge, never its own scrape; None without --enable-metrics."""
+"""What a drain reads of what a server holds (gpunode.stages.serve.load), against the stand-in server,
+which answers /v1/loads and /metrics as sglang 0.5.9 and 0.5.23 do (tests/unit/test_standin_metrics.py):
+its scheduler's running and waiting requests, with its key; its HTTP gauge without the scrape itself
+where /v1/loads is missing; None where neither says it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 from gpunode.ground.metrics import MetricsUnreadable, by_label, samples
-from gpunode.stages.router.api import worker_in_flight, worker_requests
-from gpunode.stages.serve import metrics
+from gpunode.stages.router.api import worker_requests
+from gpunode.stages.serve import load as metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.process import fake_server  # noqa: E402 - tests/ put on the path just above
@@ -26,27 +27,40 @@ from fakes.process import fake_server  # noqa: E402 - tests/ put on the path jus
 
 class LocalContainer:
     """``exec_run`` as Docker runs it in the server's container, here: the same program, this machine
-    standing in for the container's network namespace (where the server's port is on loopback)."""
+    standing in for the container's network namespace (where the server's port is on loopback), and
+    ``key_file`` for the key file gpunode puts in the container."""
+
+    def __init__(self, key_file: Path | None = None) -> None:
+        self.key_file = key_file
 
     def exec_run(self, argv: list[str]) -> Any:
+        if self.key_file is not None:
+            argv = [*argv[:-1], str(self.key_file)]
         done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, timeout=60)
         return SimpleNamespace(output=done.stdout + done.stderr, exit_code=done.returncode)
 
 
-def _slow_generate(url: str, tokens: int) -> None:
+def _slow_generate(url: str, tokens: int, key: str) -> None:
     body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": tokens}})
-    request = urllib.request.Request(url + "/generate", data=body.encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url + "/generate", data=body.encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     urllib.request.urlopen(request, timeout=60).read()
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
-def test_the_servers_own_count_of_what_it_answers_rises_and_falls(tmp_path: Path, version: str) -> None:
+@pytest.mark.parametrize(("version", "flags"), [("0.5.9", []), ("0.5.23", []), ("0.5.9", ["--enable-metrics"])])
+def test_the_servers_own_count_of_what_it_holds_rises_and_falls(tmp_path: Path, version: str,
+                                                               flags: list[str]) -> None:
+    """/v1/loads whatever the flags, read with the key the container holds (the stand-in, as sglang,
+    answers it 401 without)."""
     env = {"FAKE_SGLANG_VERSION": version, "FAKE_SGLANG_TOKEN_S": "0.01"}
-    with fake_server(tmp_path, env=env, extra_args=["--enable-metrics"]) as (_process, url):
+    key_file = tmp_path / "key.json"
+    key_file.write_text(json.dumps({"api-key": "the-fleet-key"}))
+    with fake_server(tmp_path, env=env, api_key="the-fleet-key", extra_args=flags) as (_process, url):
         port = int(url.rsplit(":", 1)[1])
-        container = LocalContainer()
+        container = LocalContainer(key_file)
+        assert metrics.read(LocalContainer(tmp_path / "none.json"), port, metrics.LOADS)[0] == 401
         assert metrics.server_in_flight(container, port) == 0  # its own scrape is not counted
-        requests = [threading.Thread(target=_slow_generate, args=(url, 400)) for _ in range(2)]
+        requests = [threading.Thread(target=_slow_generate, args=(url, 400, "the-fleet-key")) for _ in range(2)]
         for thread in requests:
             thread.start()
         deadline = time.monotonic() + 30
@@ -59,11 +73,21 @@ def test_the_servers_own_count_of_what_it_answers_rises_and_falls(tmp_path: Path
         assert metrics.server_in_flight(container, port) == 0
 
 
-def test_without_enable_metrics_the_server_says_nothing_and_that_is_not_zero(tmp_path: Path) -> None:
+def test_a_server_without_v1_loads_or_metrics_says_nothing_and_that_is_not_zero(tmp_path: Path) -> None:
     with fake_server(tmp_path) as (_process, url):
         port = int(url.rsplit(":", 1)[1])
-        assert metrics.read(LocalContainer(), port)[0] == 404
-        assert metrics.server_in_flight(LocalContainer(), port) is None
+        assert metrics.read(LocalContainer(), port)[0] == 404  # no --enable-metrics
+    # An older server without /v1/loads and metrics: both 404.
+    answers = iter([b"404\n", b"404\n"])
+    older = SimpleNamespace(exec_run=lambda argv: SimpleNamespace(output=next(answers), exit_code=0))
+    assert metrics.server_in_flight(older, 1) is None
+
+
+def test_v1_loads_counts_running_and_waiting_of_every_scheduler() -> None:
+    body = json.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1},
+                                 {"dp_rank": 1, "num_running_reqs": 0, "num_waiting_reqs": 4}]})
+    assert metrics.loads_in_flight(body) == 7
+    assert metrics.loads_in_flight("{}") is None and metrics.loads_in_flight("not json") is None
 
 
 def test_a_server_that_does_not_answer_is_unread() -> None:
@@ -100,6 +124,5 @@ smg_worker_requests_active{worker="http://10.0.3.12:30000"} 2
 
 def test_the_routers_counts_per_worker() -> None:
     assert worker_requests(ROUTER) == {"http://10.0.3.10:30000": 5, "http://10.0.3.12:30000": 7}
-    assert worker_in_flight(ROUTER, "http://10.0.3.12:30000") == 2
-    assert worker_in_flight(ROUTER, "http://10.0.3.10:30000") is None
+    assert by_label(ROUTER, "smg_worker_requests_active", "worker") == {"http://10.0.3.12:30000": 2.0}
     assert by_label(ROUTER, "smg_worker_requests_active", "nope") == {}
