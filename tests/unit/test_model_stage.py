@@ -143,6 +143,42 @@ def test_the_stage_says_what_its_tools_exit_means(tmp_path: Path, monkeypatch: p
     from gpunode.stages.model import stage
 
     host = host_with(tmp_path)
+    monkeypatch.setattr(stage, "ship_tools", lambda *_a, **_k: False)  # the files there as here
     monkeypatch.setattr(stage, "run_tool", lambda *_a, **_k: (code, [], "env: '/x/venv/bin/python': No such file"))
     result = stage.run(Target(host, derive(host)), None, check_mode)
     assert (result.failed, result.unreachable) == (failed, unreachable) and needle in result.summary[0], result
+
+
+def test_a_machine_that_does_not_answer_the_file_comparison_is_unreachable(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpunode.stages.common import Target
+    from gpunode.stages.model import stage
+
+    host = host_with(tmp_path)
+    said = "ssh to root@10.0.3.10 failed: ssh: connect to host 10.0.3.10 port 22: Connection refused"
+    monkeypatch.setattr(stage, "ship_tools", lambda *_a, **_k: said)
+    monkeypatch.setattr(stage, "run_tool", lambda *_a, **_k: pytest.fail("the tools ran after the machine failed"))
+    result = stage.run(Target(host, derive(host)), None, False)
+    assert result.failed and result.unreachable and result.summary == [said]
+
+
+def test_the_stage_sends_its_model_files_only_when_one_differs(tmp_path: Path) -> None:
+    """ship_tools: one call compares every file's sha256 there; the set goes as one tar only when a
+    file is missing or differs; check mode says it would, and sends nothing."""
+    from gpunode.hostfile import Ssh
+    from gpunode.stages.model import stage
+
+    plan = derive(host_with(tmp_path)).model.model_copy(update={"tools_dir": str(tmp_path / "tools")})
+    here = Ssh(address="127.0.0.1", connection="local")
+    lib = tmp_path / "tools" / "lib"
+    assert stage.ship_tools(here, plan, check_mode=True) is True and not lib.exists()
+    assert stage.ship_tools(here, plan, check_mode=False) is True
+    for source, rel in plan.tool_files:
+        assert (lib / rel).read_bytes() == Path(source).read_bytes() and (lib / rel).stat().st_mode & 0o777 == 0o644
+    assert stage.ship_tools(here, plan, check_mode=False) is False  # as they are: nothing sent
+    edited = lib / plan.tool_files[-1][1]
+    edited.write_text(edited.read_text() + "\n# edited there\n")
+    assert stage.ship_tools(here, plan, check_mode=True) is True and "edited there" in edited.read_text()
+    assert stage.ship_tools(here, plan, check_mode=False) is True and "edited there" not in edited.read_text()
+    (lib / plan.tool_files[0][1]).unlink()
+    assert stage.ship_tools(here, plan, check_mode=False) is True and stage.ship_tools(here, plan, False) is False

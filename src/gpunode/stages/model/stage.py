@@ -4,15 +4,19 @@ progress lines go to the runner's live line, its result becomes the record the n
 serve stage and ``gpunode check`` (/etc/gpunode/model.json).
 
 The role installs the tools there first (a virtual environment with the hash-locked huggingface_hub
-and safetensors, and gpunode's model files beside it): gpunode.core.model.
+and safetensors: gpunode.core.model); the stage sends gpunode's model files beside them when they
+differ from this gpunode's (``ship_tools``: one call compares them all, one tar sends them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shlex
 import subprocess
+import tarfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -158,6 +162,59 @@ def summary(plan: ModelPlan, where: str, result: dict[str, Any]) -> list[str]:
     return lines[-1:] + lines[:-1] if verify.get("ok") else lines
 
 
+TOOLS_SHIPPED_NOTE = "gpunode's model files"
+
+
+def _on(ssh: Ssh, command: str, data: bytes, timeout_s: float = 120.0) -> subprocess.CompletedProcess[bytes]:
+    """``command`` by the shell of the machine ``ssh`` reaches (this one, for a local connection), ``data`` on its input."""
+    argv = ["sh", "-c", command] if ssh.connection == "local" else ssh_base(ssh) + [command]
+    return subprocess.run(argv, input=data, capture_output=True, timeout=timeout_s)
+
+
+def tools_archive(plan: ModelPlan) -> bytes:
+    """gpunode's model files as one tar: each under its path below the tools' lib folder, with its folders."""
+    data = io.BytesIO()
+    folders: set[str] = set()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        for source, rel in plan.tool_files:
+            parts = rel.split("/")
+            for depth in range(1, len(parts)):
+                folder = "/".join(parts[:depth])
+                if folder not in folders:
+                    folders.add(folder)
+                    info = tarfile.TarInfo(folder)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            content = Path(source).read_bytes()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode = len(content), 0o644
+            tar.addfile(info, io.BytesIO(content))
+    return data.getvalue()
+
+
+def ship_tools(ssh: Ssh, plan: ModelPlan, check_mode: bool) -> bool | str:
+    """gpunode's model files in the tools' lib folder there, as this gpunode has them. One call compares
+    every file's sha256 there (``sha256sum -c``, the files named in a manifest made here); only when one
+    differs or is missing is the whole set sent, one tar on the command's input (the p2p stage ships its
+    package into the server image the same way). True: sent (in check mode: would be); False: as they
+    were; a text: why they could not be read or sent (the machine did not answer)."""
+    lib = shlex.quote(f"{plan.tools_dir}/lib")
+    manifest = "".join(f"{hashlib.sha256(Path(source).read_bytes()).hexdigest()}  {rel}\n"
+                       for source, rel in plan.tool_files)
+    compared = _on(ssh, f"cd {lib} 2>/dev/null && sha256sum --status -c -", manifest.encode())
+    if compared.returncode == 0:
+        return False
+    if compared.returncode == SSH_UNREACHABLE:
+        return f"ssh to {ssh.user}@{ssh.address} failed: {' '.join(compared.stderr.decode(errors='replace').split())[-200:]}"
+    if check_mode:
+        return True
+    sent = _on(ssh, f"mkdir -p {lib} && tar -x --no-same-owner -f - -C {lib}", tools_archive(plan))
+    if sent.returncode != 0:
+        return f"sending {TOOLS_SHIPPED_NOTE} failed (exit {sent.returncode}): " + \
+            " ".join(sent.stderr.decode(errors="replace").split())[-200:]
+    return True
+
+
 def _token(target: Target) -> str | None:
     token = target.host.model.token
     return token.resolve() if token is not None else None
@@ -174,6 +231,11 @@ def run(target: Target, fw: Any, check_mode: bool) -> StageResult:
     plan = target.derived.model
     ssh = weights_machine(target)
     where = target.derived.name if plan.on == "host" else target.derived.node
+    shipped = ship_tools(ssh, plan, check_mode)
+    if isinstance(shipped, str):
+        return StageResult(failed=True, unreachable=shipped.startswith("ssh to "), summary=[shipped])
+    notes = ([f"model: {TOOLS_SHIPPED_NOTE} {'would be ' if check_mode else ''}updated in {plan.tools_dir}/lib on "
+              f"{where}"] if shipped else [])
     request = {"plan": plan.model_dump(mode="json"), "token": _token(target), "check": check_mode}
     code, lines, err = run_tool(ssh, plan, "converge", request, _progress_sink())
     results = [line["result"] for line in lines if isinstance(line.get("result"), dict)]
@@ -182,14 +244,16 @@ def run(target: Target, fw: Any, check_mode: bool) -> StageResult:
                            summary=[f"ssh to {ssh.user}@{ssh.address} failed: {' '.join(err.split())[-200:]}"])
     if check_mode and code == NOT_FOUND and not lines:
         # The role's install tasks reported what they would do; nothing to verify with yet.
-        return StageResult(summary=[f"model: the tools are not on {where} yet: a real run installs them, then "
-                                    f"fetches what {plan.weights_dir} lacks and verifies it"])
+        return StageResult(changed=bool(shipped), summary=notes + [
+            f"model: the tools are not on {where} yet: a real run installs them, then fetches what "
+            f"{plan.weights_dir} lacks and verifies it"])
     if not results:
         text = _fail_text(lines, err, code)
         return StageResult(failed=True, unreachable=code == exitcodes.UNREACHABLE, summary=[text])
     result = results[-1]
-    lines_out = summary(plan, where, result)
-    return StageResult(changed=bool(result.get("changed")), failed=code != exitcodes.OK, summary=lines_out,
+    lines_out = notes + summary(plan, where, result)
+    return StageResult(changed=bool(result.get("changed")) or bool(shipped), failed=code != exitcodes.OK,
+                       summary=lines_out,
                        data={"record": record(plan, result), "fetched": result.get("fetched", [])})
 
 
