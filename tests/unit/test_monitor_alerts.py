@@ -2,11 +2,13 @@
 `promtool check rules` loads them, `promtool test rules` (tests/unit/alerts/gpunode_alerts_test.yml)
 fires each on its bad series with its whole text and keeps it quiet on the good one. Then the tests
 themselves are checked: every alert has a firing case and a quiet case, and rules that fire on
-anything fail them. promtool is Debian's (package prometheus, 2.42 on Debian 12; scripts/setup
+anything fail them. Then the scrape configuration (gpunode.stages.monitor.config) that feeds them:
+`promtool check config` accepts it with the rules, and every job a rule reads is one it scrapes. promtool is Debian's (package prometheus, 2.42 on Debian 12; scripts/setup
 installs it): without it the tests skip, saying so, and under CI they fail."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ci import under_ci  # noqa: E402 - tests/ put on the path just above
+
+from gpunode.stages.monitor import config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "src/gpunode/ansible_collections/gpunode/core/roles/monitor/files/gpunode-alerts.yml"
@@ -94,3 +98,54 @@ def test_rules_that_fire_on_anything_fail_the_tests(promtool: str, tmp_path: Pat
     assert tested.returncode == 1, tested.stdout + tested.stderr
     said = tested.stdout + tested.stderr
     assert {rule["alert"] for rule in _alerts() if f"alertname: {rule['alert']}" not in said} == set()
+
+
+# -- the scrape configuration the rules read --------------------------------------------------------
+def _fleet_targets() -> list[config.Target]:
+    targets = []
+    for host, address in (("pve-lab", "10.0.3.10"), ("pve-lab2", "10.0.3.12")):
+        targets += [config.Target(config.JOB_SERVER, host, f"{address}:30000", {"container": "gpunode-sglang"}),
+                    config.Target(config.JOB_GPUS, host, f"{address}:9835"),
+                    config.Target(config.JOB_NODE, host, f"{address}:{config.NODE_EXPORTER_PORT}")]
+    return [*targets, config.Target(config.JOB_ROUTER, "router", "127.0.0.1:29000")]
+
+
+def test_prometheus_accepts_the_scrape_configuration_with_the_rules(promtool: str, tmp_path: Path) -> None:
+    settings = config.Settings(rule_files=(str(RULES),), store_mounts=("/models/GLM-5-NVFP4",))
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config.prometheus_config(_fleet_targets(), settings)))
+    checked = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout and f"SUCCESS: {len(_alerts())} rules found" in checked.stdout
+
+
+def test_every_job_the_rules_read_is_a_job_the_configuration_scrapes() -> None:
+    read: set[str] = set()
+    for rule in _alerts():
+        for op, value in re.findall(r'job(=~?)"([^"]+)"', rule["expr"]):
+            read |= set(value.split("|")) if op == "=~" else {value}
+    scraped = {job["job_name"] for job in config.prometheus_config(_fleet_targets())["scrape_configs"]}
+    assert read and read <= scraped == set(config.JOBS)
+
+
+def test_each_target_carries_its_host_and_the_store_mount_is_tagged_for_the_rule() -> None:
+    made = config.prometheus_config(_fleet_targets(), config.Settings(store_mounts=("/models/GLM-5-NVFP4",)))
+    jobs = {job["job_name"]: job for job in made["scrape_configs"]}
+    assert {g["targets"][0]: g["labels"] for g in jobs["sglang"]["static_configs"]} == {
+        "10.0.3.10:30000": {"host": "pve-lab", "container": "gpunode-sglang"},
+        "10.0.3.12:30000": {"host": "pve-lab2", "container": "gpunode-sglang"}}
+    relabel = jobs["node"]["metric_relabel_configs"][0]
+    assert re.fullmatch(relabel["regex"], "/models/GLM-5-NVFP4") and not re.fullmatch(relabel["regex"], "/models")
+    assert (relabel["target_label"], relabel["replacement"]) == ("gpunode_store", "model")
+    assert 'gpunode_store="model"' in next(r["expr"] for r in _alerts() if r["alert"] == "GpunodeModelStoreFull")
+    # No router in the file: no router job.
+    alone = config.prometheus_config([t for t in _fleet_targets() if t.job != config.JOB_ROUTER])
+    assert "sglang_router" not in {job["job_name"] for job in alone["scrape_configs"]}
+
+
+def test_one_address_for_two_hosts_is_refused_naming_both() -> None:
+    twice = [config.Target(config.JOB_SERVER, "a", "10.0.3.10:30000"), config.Target(config.JOB_SERVER, "b", "10.0.3.10:30000")]
+    with pytest.raises(ValueError, match="sglang target 10.0.3.10:30000 given for both a and b"):
+        config.prometheus_config(twice)
+    with pytest.raises(ValueError, match="unknown scrape job 'dcgm'"):
+        config.Target("dcgm", "a", "10.0.3.10:9400")
