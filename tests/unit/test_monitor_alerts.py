@@ -149,3 +149,42 @@ def test_one_address_for_two_hosts_is_refused_naming_both() -> None:
         config.prometheus_config(twice)
     with pytest.raises(ValueError, match="unknown scrape job 'dcgm'"):
         config.Target("dcgm", "a", "10.0.3.10:9400")
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    found = shutil.which("amtool")
+    if found is None:
+        if under_ci():
+            pytest.fail("amtool is missing under CI: scripts/setup installs Debian's prometheus-alertmanager package")
+        pytest.skip("amtool is not installed (Debian: apt install prometheus-alertmanager; scripts/setup does it)")
+    return found
+
+
+def test_alertmanager_accepts_each_receiver_and_no_secret_is_in_its_configuration(amtool: str, tmp_path: Path) -> None:
+    token, password = tmp_path / "token", tmp_path / "password"
+    token.write_text("canary-token-4f1c\n")
+    password.write_text("canary-password-9e2a\n")
+    receivers: list[config.Webhook | config.Email] = [
+        config.Webhook("https://hooks.example.com/gpunode", token_file=str(token)),
+        config.Email("ops@example.com", "gpunode@example.com", "smtp.example.com:587", username="gpunode",
+                     password_file=str(password))]
+    for chosen in (receivers, receivers[:1], receivers[1:]):
+        path = tmp_path / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config.alertmanager_config(chosen)))
+        checked = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert " - 1 receivers" in checked.stdout
+        assert "canary" not in path.read_text()
+    with pytest.raises(ValueError, match="alerts need somewhere to go"):
+        config.alertmanager_config([])
+
+
+def test_alertmanager_refuses_what_it_does_not_know(amtool: str, tmp_path: Path) -> None:
+    """The check has teeth: Alertmanager 0.25 has no url_file for a webhook, and amtool says so."""
+    made = config.alertmanager_config([config.Webhook("https://hooks.example.com/gpunode")])
+    made["receivers"][0]["webhook_configs"][0]["url_file"] = "/etc/alertmanager/url"
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(made))
+    checked = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 1 and "field url_file not found" in checked.stdout + checked.stderr

@@ -73,3 +73,55 @@ def prometheus_config(targets: list[Target], settings: Settings = Settings()) ->
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": list(settings.alertmanagers)}]}]},
         "scrape_configs": jobs,
     }
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Alerts POSTed to ``url``; a bearer token, when the receiver wants one, read by Alertmanager
+    from ``token_file`` on its machine (never written into the configuration)."""
+
+    url: str
+    token_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Email:
+    """Alerts mailed through ``smarthost`` (host:port); the password read by Alertmanager from
+    ``password_file`` on its machine (Alertmanager 0.25's auth_password_file)."""
+
+    to: str
+    sender: str
+    smarthost: str
+    username: str | None = None
+    password_file: str | None = None
+
+
+def alertmanager_config(receivers: list[Webhook | Email], repeat_interval: str = "4h") -> dict[str, Any]:
+    """alertmanager.yml as a dict: every alert to the one receiver ``gpunode`` with each target, grouped
+    by alert and host; a resolved alert is sent too (the operator sees the fix took)."""
+    if not receivers:
+        raise ValueError("alerts need somewhere to go: give a webhook or an email receiver")
+    webhooks: list[dict[str, Any]] = []
+    emails: list[dict[str, Any]] = []
+    for receiver in receivers:
+        if isinstance(receiver, Webhook):
+            hook: dict[str, Any] = {"url": receiver.url, "send_resolved": True}
+            if receiver.token_file:
+                hook["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": receiver.token_file}}
+            webhooks.append(hook)
+        else:
+            mail: dict[str, Any] = {"to": receiver.to, "from": receiver.sender, "smarthost": receiver.smarthost,
+                                    "send_resolved": True}
+            if receiver.username:
+                mail["auth_username"] = receiver.username
+            if receiver.password_file:
+                mail["auth_password_file"] = receiver.password_file
+            emails.append(mail)
+    target: dict[str, Any] = {"name": "gpunode"}
+    if webhooks:
+        target["webhook_configs"] = webhooks
+    if emails:
+        target["email_configs"] = emails
+    return {"route": {"receiver": "gpunode", "group_by": ["alertname", "host"], "group_wait": "10s",
+                      "group_interval": "1m", "repeat_interval": repeat_interval},
+            "receivers": [target]}
