@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from gpunode.stages.p2p.topology import reason_names
+from gpunode.stages.p2p.topology import nvml_text, reason_names
 
 SCHEMA = "gpunode.bench.samples/1"
 DEFAULT_INTERVAL_S = 0.1
@@ -167,10 +167,6 @@ def open_sampler(interval_s: float = DEFAULT_INTERVAL_S, nvml: Any = None) -> Nv
     return NvmlSampler(interval_s, nvml)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def field_value(value: Any) -> float | None:
     """A ``c_nvmlFieldValue_t``'s number by its valueType, or None when NVML refused it."""
     if int(getattr(value, "nvmlReturn", 1)) != 0:
@@ -280,7 +276,7 @@ class NvmlSampler:
         driver = calls(-1, "driver_version", getattr(nvml, "nvmlSystemGetDriverVersion", None))
         self._set = SampleSet(available=bool(self._handles), reason="" if self._handles else "NVML sees no GPU",
                               interval_s=self.interval_s, started_at=began,
-                              driver_version=_text(driver) if driver is not None else None,
+                              driver_version=nvml_text(driver) if driver is not None else None,
                               gpus=[self._info(i, h) for i, h in enumerate(self._handles)])
         if not self._handles:
             return
@@ -338,9 +334,9 @@ class NvmlSampler:
         memory = calls(index, "memory_info", nvml.nvmlDeviceGetMemoryInfo, handle)
         name = calls(index, "name", nvml.nvmlDeviceGetName, handle)
         uuid = calls(index, "uuid", nvml.nvmlDeviceGetUUID, handle)
-        return GpuInfo(index=index, name=_text(name) if name is not None else "?",
-                       uuid=_text(uuid) if uuid is not None else "?",
-                       pci_bus_id=_text(pci.busId) if pci is not None else "",
+        return GpuInfo(index=index, name=nvml_text(name) if name is not None else "?",
+                       uuid=nvml_text(uuid) if uuid is not None else "?",
+                       pci_bus_id=nvml_text(pci.busId) if pci is not None else "",
                        power_limit_w=None if limit is None else limit / 1000.0,
                        max_sm_clock_mhz=calls(index, "max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo, handle,
                                               nvml.NVML_CLOCK_SM),

@@ -23,23 +23,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode.stages.p2p.topology import CLOCK_EVENT_REASONS
+from gpunode.stages.p2p.topology import CLOCK_EVENT_REASONS, Reader, clock_event_reasons, nvml_text
 
 PREFIX = "gpunode_gpu"
 XID_WAIT_MS = 1000  # one NVML event wait; the thread checks for a stop between waits
 DEFAULT_PORT = 9835
-
-
-@dataclass
-class Reading:
-    """One number of one GPU, or why there is none."""
-
-    value: float | None
-    refused: str = ""  # NVML's message when it refused the reading
 
 
 @dataclass
@@ -65,10 +57,6 @@ class XidCounts:
     def snapshot(self) -> tuple[dict[int, int], dict[int, int]]:
         with self.lock:
             return dict(self.counts), dict(self.last)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class GpuCollector:
@@ -125,7 +113,7 @@ class GpuCollector:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
                 self.xids.watch(index)
-                watched[_text(nvml.nvmlDeviceGetUUID(handle))] = index
+                watched[nvml_text(nvml.nvmlDeviceGetUUID(handle))] = index
             except nvml.NVMLError as exc:
                 self.xids.supported[index] = str(exc)
         if not watched:
@@ -146,7 +134,7 @@ class GpuCollector:
                 time.sleep(XID_WAIT_MS / 1000)  # a lost GPU answers at once; do not spin
                 continue
             try:
-                gpu = watched.get(_text(nvml.nvmlDeviceGetUUID(data.device)), -1)
+                gpu = watched.get(nvml_text(nvml.nvmlDeviceGetUUID(data.device)), -1)
             except nvml.NVMLError:
                 gpu = -1
             self.xids.add(gpu, int(data.eventData))
@@ -154,14 +142,6 @@ class GpuCollector:
             nvml.nvmlEventSetFree(event_set)
 
     # -- one scrape -----------------------------------------------------------------------------
-    def _read(self, fn: Callable[..., Any] | None, *args: Any) -> Reading:
-        if fn is None:
-            return Reading(None, "not in this nvidia-ml-py")
-        try:
-            return Reading(fn(*args))
-        except self.nvml.NVMLError as exc:
-            return Reading(None, str(exc))
-
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -218,39 +198,37 @@ class GpuCollector:
         for index in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
             except nvml.NVMLError:
                 continue  # lost, or not reachable: out of gpunode_gpus_visible
             reached += 1
             gpu = [str(index), uuid]
-            name, pci = self._read(nvml.nvmlDeviceGetName, handle), self._read(nvml.nvmlDeviceGetPciInfo, handle)
-            info.add_metric([*gpu, _text(name.value or "?"), _text(pci.value.busId) if pci.value else ""], 1)
-            for key, reading, scale in self._readings(handle):
-                if reading.value is None:
-                    refused.add_metric([*gpu, key, reading.refused[:200]], 1)
-                elif key == "ecc_uncorrected_errors":
-                    ecc.add_metric(gpu, float(reading.value))
+            # Name and bus id label the GPU; a refusal of either shows as "?" or "" there.
+            ident = Reader(nvml, {})
+            name, pci = ident("name", nvml.nvmlDeviceGetName, handle), ident("pci", nvml.nvmlDeviceGetPciInfo, handle)
+            info.add_metric([*gpu, nvml_text(name or "?"), nvml_text(pci.busId) if pci else ""], 1)
+            unavailable: dict[str, str] = {}
+            for key, value, scale in self._readings(handle, Reader(nvml, unavailable)):
+                if value is None:
+                    continue  # named below, with NVML's message
+                if key == "ecc_uncorrected_errors":
+                    ecc.add_metric(gpu, float(value))
                 elif key == "clock_event_reasons":
-                    mask = int(reading.value)
                     for bit, reason in CLOCK_EVENT_REASONS.items():
-                        reasons.add_metric([*gpu, reason], 1 if mask & bit else 0)
+                        reasons.add_metric([*gpu, reason], 1 if int(value) & bit else 0)
                 elif key == "remapped_rows":
-                    _, _, pending, failed = reading.value
+                    _, _, pending, failed = value
                     gauges["remapped_rows_pending"].add_metric(gpu, 1 if pending else 0)
                     gauges["remapped_rows_failed"].add_metric(gpu, 1 if failed else 0)
+                elif key == "memory":
+                    gauges["memory_used_bytes"].add_metric(gpu, float(value.used))
+                    gauges["memory_total_bytes"].add_metric(gpu, float(value.total))
+                elif key == "utilization":
+                    gauges["utilization_ratio"].add_metric(gpu, float(value.gpu) / 100)
                 else:
-                    gauges[key].add_metric(gpu, float(reading.value) * scale)
-            memory = self._read(nvml.nvmlDeviceGetMemoryInfo, handle)
-            if memory.value is not None:
-                gauges["memory_used_bytes"].add_metric(gpu, float(memory.value.used))
-                gauges["memory_total_bytes"].add_metric(gpu, float(memory.value.total))
-            else:
-                refused.add_metric([*gpu, "memory", memory.refused[:200]], 1)
-            util = self._read(nvml.nvmlDeviceGetUtilizationRates, handle)
-            if util.value is not None:
-                gauges["utilization_ratio"].add_metric(gpu, float(util.value.gpu) / 100)
-            else:
-                refused.add_metric([*gpu, "utilization", util.refused[:200]], 1)
+                    gauges[key].add_metric(gpu, float(value) * scale)
+            for key, message in unavailable.items():
+                refused.add_metric([*gpu, key, message[:200]], 1)
         visible.add_metric([], reached)
         counts, last = self.xids.snapshot()
         for index, events in sorted(counts.items()):
@@ -262,27 +240,32 @@ class GpuCollector:
                 refused.add_metric([str(index), "", "xid_events", error[:200]], 1)
         yield from (up, expected, visible, info, *gauges.values(), ecc, reasons, xid, xid_last, refused)
 
-    def _readings(self, handle: Any) -> Iterator[tuple[str, Reading, float]]:
-        """(metric key, reading, factor to the metric's unit) for the one-call readings."""
+    def _readings(self, handle: Any, read: Reader) -> Iterator[tuple[str, Any, float]]:
+        """(metric key, NVML's answer or None when refused, factor to the metric's unit), each
+        reading through ``read``, which keeps a refusal's message under the key."""
         nvml = self.nvml
         yield ("temperature_celsius",
-               self._read(nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0)), 1.0)
-        yield "power_watts", self._read(nvml.nvmlDeviceGetPowerUsage, handle), 1e-3
-        yield "power_limit_watts", self._read(nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1e-3
-        yield "sm_clock_hertz", self._read(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM), 1e6
-        yield "sm_clock_max_hertz", self._read(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM), 1e6
-        yield "pcie_link_generation", self._read(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle), 1.0
-        yield "pcie_link_generation_max", self._read(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle), 1.0
-        yield "pcie_link_width", self._read(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle), 1.0
-        yield "pcie_link_width_max", self._read(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle), 1.0
-        # 'ClocksEvent' replaced 'ClocksThrottle'; an older binding has only the latter.
-        reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-        yield "clock_event_reasons", self._read(reasons_fn, handle), 1.0
+               read("temperature_celsius", nvml.nvmlDeviceGetTemperature, handle,
+                    getattr(nvml, "NVML_TEMPERATURE_GPU", 0)), 1.0)
+        for key, fn, scale in (("power_watts", nvml.nvmlDeviceGetPowerUsage, 1e-3),
+                               ("power_limit_watts", nvml.nvmlDeviceGetEnforcedPowerLimit, 1e-3)):
+            yield key, read(key, fn, handle), scale
+        for key, fn in (("sm_clock_hertz", nvml.nvmlDeviceGetClockInfo),
+                        ("sm_clock_max_hertz", nvml.nvmlDeviceGetMaxClockInfo)):
+            yield key, read(key, fn, handle, nvml.NVML_CLOCK_SM), 1e6
+        for key, fn in (("pcie_link_generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration),
+                        ("pcie_link_generation_max", nvml.nvmlDeviceGetMaxPcieLinkGeneration),
+                        ("pcie_link_width", nvml.nvmlDeviceGetCurrPcieLinkWidth),
+                        ("pcie_link_width_max", nvml.nvmlDeviceGetMaxPcieLinkWidth)):
+            yield key, read(key, fn, handle), 1.0
+        # The one place that knows 'ClocksEvent' replaced 'ClocksThrottle' (p2p.topology).
+        yield "clock_event_reasons", clock_event_reasons(nvml, handle, read), 1.0
         yield ("ecc_uncorrected_errors",
-               self._read(nvml.nvmlDeviceGetTotalEccErrors, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                          nvml.NVML_VOLATILE_ECC), 1.0)
-        yield "remapped_rows", self._read(getattr(nvml, "nvmlDeviceGetRemappedRows", None), handle), 1.0
+               read("ecc_uncorrected_errors", nvml.nvmlDeviceGetTotalEccErrors, handle,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC), 1.0)
+        yield "remapped_rows", read("remapped_rows", nvml.nvmlDeviceGetRemappedRows, handle), 1.0
+        yield "memory", read("memory", nvml.nvmlDeviceGetMemoryInfo, handle), 1.0
+        yield "utilization", read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle), 1.0
 
 
 def exposition(collector: GpuCollector) -> bytes:

@@ -161,11 +161,12 @@ class Topology:
         return next((p for p in self.pairs if p.src == src and p.dst == dst), None)
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """An NVML string as text (the binding answers bytes or str, by version)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _Reader:
+class Reader:
     """Calls NVML, keeping each refusal's message under the reading's name instead of raising."""
 
     def __init__(self, nvml: Any, unavailable: dict[str, str]) -> None:
@@ -199,7 +200,7 @@ def reason_names(mask: int | None) -> list[str]:
     return names + ([f"other_0x{unknown:x}"] if unknown else [])
 
 
-def _clock_event_reasons(nvml: Any, handle: Any, read: _Reader) -> int | None:
+def clock_event_reasons(nvml: Any, handle: Any, read: Reader) -> int | None:
     # 'ClocksEvent' replaced 'ClocksThrottle' in newer drivers; an older libnvidia-ml lacks it.
     newer = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
     if newer is not None:
@@ -210,7 +211,7 @@ def _clock_event_reasons(nvml: Any, handle: Any, read: _Reader) -> int | None:
     return read("clock_event_reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
 
 
-def _clocks(nvml: Any, handle: Any, read: _Reader, getter: Callable[..., int], prefix: str) -> dict[str, int | None]:
+def _clocks(nvml: Any, handle: Any, read: Reader, getter: Callable[..., int], prefix: str) -> dict[str, int | None]:
     kinds = {"graphics": nvml.NVML_CLOCK_GRAPHICS, "sm": nvml.NVML_CLOCK_SM, "mem": nvml.NVML_CLOCK_MEM}
     return {name: read(f"{prefix}_{name}", getter, handle, kind) for name, kind in kinds.items()}
 
@@ -221,7 +222,7 @@ def _milliwatts_to_watts(value: int | None) -> float | None:
 
 def read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
     unavailable: dict[str, str] = {}
-    read = _Reader(nvml, unavailable)
+    read = Reader(nvml, unavailable)
     pci = read("pci_info", nvml.nvmlDeviceGetPciInfo, handle)
     memory = read("memory", nvml.nvmlDeviceGetMemoryInfo, handle)
     words = ((os.cpu_count() or 1) + 63) // 64 + 1  # one spare word: NVML refuses a mask too small
@@ -232,9 +233,9 @@ def read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
                      getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
     gpu = Gpu(
         index=index,
-        name=_text(nvml.nvmlDeviceGetName(handle)),
-        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-        pci_bus_id=_text(pci.busId) if pci is not None else "",
+        name=nvml_text(nvml.nvmlDeviceGetName(handle)),
+        uuid=nvml_text(nvml.nvmlDeviceGetUUID(handle)),
+        pci_bus_id=nvml_text(pci.busId) if pci is not None else "",
         memory_total_mib=None if memory is None else int(memory.total) // 2**20,
         numa_node=numa if numa is None or numa >= 0 else None,  # -1: the platform reports none
         numa_affinity=cpus_from_mask(node_mask) if node_mask is not None else [],
@@ -253,7 +254,7 @@ def read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
             read("enforced_power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)),
         idle_clocks_mhz=_clocks(nvml, handle, read, nvml.nvmlDeviceGetClockInfo, "clock"),
         max_clocks_mhz=_clocks(nvml, handle, read, nvml.nvmlDeviceGetMaxClockInfo, "max_clock"),
-        idle_clock_event_reasons=reason_names(_clock_event_reasons(nvml, handle, read)),
+        idle_clock_event_reasons=reason_names(clock_event_reasons(nvml, handle, read)),
         unavailable=unavailable,
     )
     return gpu
@@ -262,7 +263,7 @@ def read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
 def read_under_load(nvml: Any, handle: Any) -> LoadReading:
     """Link, clocks and power while copies run. Call it with copies in flight on this GPU."""
     unavailable: dict[str, str] = {}
-    read = _Reader(nvml, unavailable)
+    read = Reader(nvml, unavailable)
     rx_kbps = read("pcie_rx", nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
     power = read("power_usage", nvml.nvmlDeviceGetPowerUsage, handle)
     return LoadReading(
@@ -272,7 +273,7 @@ def read_under_load(nvml: Any, handle: Any) -> LoadReading:
         sm_clock_mhz=read("sm_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
         mem_clock_mhz=read("mem_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
         power_w=_milliwatts_to_watts(power),
-        clock_event_reasons=reason_names(_clock_event_reasons(nvml, handle, read)),
+        clock_event_reasons=reason_names(clock_event_reasons(nvml, handle, read)),
         unavailable=unavailable,
     )
 
@@ -292,7 +293,7 @@ def _nvlink_remotes(nvml: Any, handle: Any) -> list[tuple[int, str]]:
             if link == 0:
                 break
             continue
-        remotes.append((int(kind), _text(remote.busId).lower()))
+        remotes.append((int(kind), nvml_text(remote.busId).lower()))
     return remotes
 
 
@@ -374,7 +375,7 @@ def _system_string(nvml: Any, name: str) -> str | None:
         return None
     if isinstance(value, int):  # CUDA driver version comes as e.g. 13000
         return f"{value // 1000}.{value % 1000 // 10}"
-    return _text(value)
+    return nvml_text(value)
 
 
 def device_handles(nvml: Any) -> list[Any]:
