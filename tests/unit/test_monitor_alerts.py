@@ -35,14 +35,19 @@ ASKED = {"server down or not ready": "GpunodeServerDown", "requests queued": "Gp
          "ECC and Xid-style health": "GpunodeGpuXid"}
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    found = shutil.which("promtool")
+def _debian_tool(tool: str, package: str) -> str:
+    """``tool``'s path; without it the test skips saying so, and under CI it fails."""
+    found = shutil.which(tool)
     if found is None:
         if under_ci():
-            pytest.fail("promtool is missing under CI: scripts/setup installs Debian's prometheus package")
-        pytest.skip("promtool is not installed (Debian: apt install prometheus; scripts/setup does it)")
+            pytest.fail(f"{tool} is missing under CI: scripts/setup installs Debian's {package} package")
+        pytest.skip(f"{tool} is not installed (Debian: apt install {package}; scripts/setup does it)")
     return found
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return _debian_tool("promtool", "prometheus")
 
 
 def _alerts() -> list[dict[str, Any]]:
@@ -153,12 +158,7 @@ def test_one_address_for_two_hosts_is_refused_naming_both() -> None:
 
 @pytest.fixture(scope="module")
 def amtool() -> str:
-    found = shutil.which("amtool")
-    if found is None:
-        if under_ci():
-            pytest.fail("amtool is missing under CI: scripts/setup installs Debian's prometheus-alertmanager package")
-        pytest.skip("amtool is not installed (Debian: apt install prometheus-alertmanager; scripts/setup does it)")
-    return found
+    return _debian_tool("amtool", "prometheus-alertmanager")
 
 
 def test_alertmanager_accepts_each_receiver_and_no_secret_is_in_its_configuration(amtool: str, tmp_path: Path) -> None:
