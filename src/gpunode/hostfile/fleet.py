@@ -72,6 +72,11 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
         for key in ("port", "metrics_port"):
             if getattr(router, key) == on_host.server.port:
                 problems.append(at(src, ("router", key), f"{on_host.server.port} is taken on {on_host.name}'s node by its server"))
+            if on_host.monitor is not None:
+                service = next((name for name, port in on_host.monitor.ports.items() if port == getattr(router, key)), None)
+                if service is not None:
+                    problems.append(at(src, ("router", key), f"{getattr(router, key)} is taken on {on_host.name}'s node "
+                                        f"by {service} (its monitor: section)"))
     ssh = runs_on if isinstance(runs_on, Ssh) else on_host.container.reach if on_host is not None else None
     if ssh is not None and ssh.connection == "ssh":
         machine = f"{on_host.name}'s node" if on_host is not None else "the router's machine"

@@ -50,6 +50,7 @@ GPU_MINOR_MAX = 247
 _SECRET_ENV = re.compile(r"(^|_)(TOKEN|KEY)$|PASSWORD|SECRET")
 SECRET_FLAG_ENDINGS = ("-key", "-token", "-password", "-secret")
 SECRET_REF = "{env: NAME}, {file: PATH} or {vault: PATH}"
+TEMPLATE_MARKS = ("{{", "{%", "{#")  # Jinja's delimiters: Ansible renders a string holding one
 # Flags gpunode sets from the host file's own keys: given in server.flags too, sglang would take
 # whichever came last, and plan would show the other.
 OWNED_FLAGS = {"--model-path": "model.path", "--model": "model.path", "--served-model-name": "model.served_name",
@@ -235,6 +236,16 @@ class Ssh(Strict):
     @classmethod
     def _user(cls, value: str) -> str:
         return user_name_text(value)
+
+    @field_validator("key_file", "known_hosts")
+    @classmethod
+    def _no_template(cls, value: Path | None) -> Path | None:
+        # These become Ansible's connection variables, which Ansible renders as templates (the rest of
+        # the host file crosses as data it never renders: gpunode.inventory.write).
+        if value is not None and any(mark in str(value) for mark in TEMPLATE_MARKS):
+            raise ValueError(f"{shown(str(value), quote=True, limit=60)} holds a template delimiter ({', '.join(TEMPLATE_MARKS)}), "
+                             "which Ansible would run as code: rename the file")
+        return value
 
 
 class Tls(Strict):
@@ -804,6 +815,102 @@ class P2pExpect(Strict):
     required: bool = True
 
 
+# Prometheus' duration (model/time.go ParseDuration): a whole number and one unit, at most 100 years
+# (Prometheus 2.42 refuses 293y and more: a Go duration's range); a retention of 0 would keep nothing.
+RETENTION_RE = r"^([1-9][0-9]{0,3}[hd]|[1-9][0-9]{0,2}w|([1-9][0-9]?|100)y)$"
+EMAIL_RE = r"^[A-Za-z0-9._%+=][A-Za-z0-9._%+=-]{0,63}@[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$"
+# The monitor stage's own ports on the node's loopback: Debian's defaults for Prometheus,
+# Alertmanager (its web and cluster ports) and node-exporter.
+MONITOR_PORTS = {"prometheus": 9090, "alertmanager": 9093, "alertmanager cluster": 9094, "node-exporter": 9100}
+
+
+class AlertWebhook(Strict):
+    """Alerts POSTed as Alertmanager's webhook JSON; a bearer token, when the receiver asks one."""
+
+    url: str
+    token: SecretRef | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # A receiver's URL may carry its own secret in the path (Slack's do): no message repeats more
+        # than its scheme and address.
+        parts = urlsplit(value)
+        where = shown(f"{parts.scheme}://{parts.netloc}" if parts.netloc else parts.scheme or value[:8], quote=True, limit=60)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{where}... is not an http(s) URL")
+        # urlsplit drops tabs and newlines without a word; Alertmanager refuses them, and any control character.
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or not value.isascii():
+            raise ValueError(f"{where}... holds a control or non-ASCII character (percent-encode it)")
+        if "%" in parts.netloc:
+            raise ValueError(f"{where}: an IPv6 zone (%) in the address, which Alertmanager cannot read")
+        try:
+            parts.port  # noqa: B018 - urlsplit reads the port only when asked
+        except ValueError:
+            raise ValueError(f"{where}: the port is not a number in 0-65535") from None
+        return url_text(value, "give the receiver's bearer token as monitor.alerts.webhook.token")
+
+
+class AlertEmail(Strict):
+    """Alerts mailed through an SMTP smarthost (host:port), logging in when ``username`` is given."""
+
+    to: Annotated[str, Field(pattern=EMAIL_RE)]
+    sender: Annotated[str, Field(pattern=EMAIL_RE)]
+    smarthost: str
+    username: Annotated[str, Field(pattern=r"^[A-Za-z0-9._%+=@-]{1,254}$")] | None = None
+    password: SecretRef | None = None
+
+    @field_validator("smarthost")
+    @classmethod
+    def _smarthost(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
+            raise ValueError(f"{shown(value, quote=True, limit=80)} is not host:port (the SMTP server and its port)")
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            raise ValueError(f"{shown(value, quote=True, limit=80)}: an IPv6 address goes in brackets, [ADDRESS]:PORT")
+        address_text(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        return value
+
+    @model_validator(mode="after")
+    def _password_with_user(self) -> AlertEmail:
+        if self.password is not None and self.username is None:
+            raise ValueError("password without username: give monitor.alerts.email.username too")
+        return self
+
+
+class MonitorAlerts(Strict):
+    webhook: AlertWebhook | None = None
+    email: AlertEmail | None = None
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> MonitorAlerts:
+        if self.webhook is None and self.email is None:
+            raise ValueError("alerts need somewhere to go: give webhook or email")
+        return self
+
+
+class Monitor(Strict):
+    """The monitor stage on this host's GPU node (README "Monitoring"): Debian's Prometheus,
+    Alertmanager and node-exporter, gpunode's GPU exporter, all on the node's loopback."""
+
+    alerts: MonitorAlerts
+    retention: Annotated[str, Field(pattern=RETENTION_RE)] = "15d"  # Prometheus' --storage.tsdb.retention.time
+    scrape_interval_s: Annotated[int, Field(ge=1, le=300)] = 15  # also how often the rules are evaluated
+    gpu_exporter_port: Annotated[int, Field(ge=1, le=65535)] = 9835
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Every port the stage listens on, on the node's loopback, by what listens there."""
+        return {**MONITOR_PORTS, "the GPU exporter": self.gpu_exporter_port}
+
+    @model_validator(mode="after")
+    def _own_port(self) -> Monitor:
+        for name, port in MONITOR_PORTS.items():
+            if self.gpu_exporter_port == port:
+                raise ValueError(f"gpu_exporter_port {port} is {name}'s port on the node")
+        return self
+
+
 class Host(Strict):
     name: Annotated[str, Field(pattern=HOSTNAME_RE)]
     lab: bool = False
@@ -818,6 +925,20 @@ class Host(Strict):
     model: Model
     server: Server = Server()
     p2p: P2pExpect = P2pExpect()
+    monitor: Monitor | None = None
+
+    @model_validator(mode="after")
+    def _monitor_ports_free(self) -> Host:
+        if self.monitor is not None:
+            ports = self.monitor.ports
+            taken = next((name for name, port in ports.items() if port == self.server.port), None)
+            if taken:
+                raise ValueError(f"server.port {self.server.port} is {taken}'s port on the node (monitor)")
+            reach = self.container.reach
+            taken = next((name for name, port in ports.items() if port == reach.port), None)
+            if reach.connection == "ssh" and taken:
+                raise ValueError(f"container.ssh.port {reach.port} is {taken}'s port on the node (monitor)")
+        return self
 
     @model_validator(mode="after")
     def _container_reachable(self) -> Host:
