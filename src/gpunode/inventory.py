@@ -7,12 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpunode.derive import ROUTER_NODE, derive, derive_router, node_name, router_reach
+from gpunode.derive import ROUTER_NODE, derive_for, derive_router, node_name, router_reach
 from gpunode.hostfile import Host, HostFile, SecretRef, Ssh, read_secret_file
 
 
 # Secret files by (host name, field): paths only; the values stay in the files.
 SecretFiles = dict[tuple[str, str], Path]
+# The variables that carry the host file's data into Ansible. Ansible templates every string it is
+# given (nested ones too), so a value holding "{{ lookup('pipe', ...) }}" would run on this machine:
+# these are written as !unsafe, which Ansible reads as data and never renders.
+DATA_VARS = ("gpunode_host", "gpunode_derived", "gpunode_secrets", "gpunode_router")
 
 
 # Proxmox VE and the GPU container are Debian (the node stage asserts Debian 12): their python3 is
@@ -52,14 +56,26 @@ def _secret_files(host: Host, secrets: SecretFiles) -> dict[str, str | None]:
     auth = host.api.auth
     return {"password_file": file("password"), "password_vault": vault(auth.password),
             "token_secret_file": file("token_secret"), "token_secret_vault": vault(auth.token_secret),
-            "api_key_file": file("api_key"), "hub_token_file": file("hub_token")}
+            "api_key_file": file("api_key"), "hub_token_file": file("hub_token"),
+            "alert_token_file": file("alert_token"), "alert_token_vault": vault(_alert_token(host)),
+            "alert_password_file": file("alert_password"), "alert_password_vault": vault(_alert_password(host))}
 
 
-def host_vars(host: Host, secrets: SecretFiles) -> dict[str, Any]:
+def _alert_token(host: Host) -> SecretRef | None:
+    webhook = host.monitor.alerts.webhook if host.monitor is not None else None
+    return webhook.token if webhook is not None else None
+
+
+def _alert_password(host: Host) -> SecretRef | None:
+    email = host.monitor.alerts.email if host.monitor is not None else None
+    return email.password if email is not None else None
+
+
+def host_vars(hostfile: HostFile, host: Host, secrets: SecretFiles) -> dict[str, Any]:
     """The one crossing from Python into Ansible, per host: the validated host as data, the values
     derived from it once (gpunode.derive) and the run's secret files. The Proxmox host and its GPU
     container carry the same three."""
-    return {"gpunode_host": host.model_dump(mode="json"), "gpunode_derived": derive(host).model_dump(mode="json"),
+    return {"gpunode_host": host.model_dump(mode="json"), "gpunode_derived": derive_for(hostfile, host).model_dump(mode="json"),
             "gpunode_secrets": _secret_files(host, secrets)}
 
 
@@ -67,7 +83,7 @@ def build(hostfile: HostFile, secrets: SecretFiles | None = None) -> dict[str, A
     """The inventory: each host under pve_hosts (the Proxmox host, over ``ssh``) and its GPU
     container under gpu_nodes (``container.ssh``), both with host_vars."""
     secrets = secrets or {}
-    shared = {host.name: host_vars(host, secrets) for host in hostfile.hosts}
+    shared = {host.name: host_vars(hostfile, host, secrets) for host in hostfile.hosts}
     children: dict[str, Any] = {
         "pve_hosts": {"hosts": {host.name: {**_ssh_vars(host.ssh, debian=True), **shared[host.name]}
                                 for host in hostfile.hosts}},
@@ -120,7 +136,8 @@ def secret_refs(hostfile: HostFile) -> dict[tuple[str, str], SecretRef]:
     refs: dict[tuple[str, str], SecretRef] = {}
     for host in hostfile.hosts:
         for field, ref in (("password", host.api.auth.password), ("token_secret", host.api.auth.token_secret),
-                           ("api_key", host.server.api_key), ("hub_token", host.model.token)):
+                           ("api_key", host.server.api_key), ("hub_token", host.model.token),
+                           ("alert_token", _alert_token(host)), ("alert_password", _alert_password(host))):
             if ref is not None:
                 refs[(host.name, field)] = ref
     if hostfile.router is not None and hostfile.router.api_key is not None:
@@ -150,3 +167,33 @@ def secret_values(secrets: SecretFiles | None) -> tuple[str, ...]:
         except LookupError:
             continue  # the stage that needs it says so; nothing to hide that could not be read
     return tuple(value for value in values if value)
+
+
+class _Unsafe(dict):  # type: ignore[type-arg]
+    """A mapping to write under YAML's !unsafe tag: Ansible keeps every string in it, however deep, as data."""
+
+
+def _unsafe(dumper: Any, data: _Unsafe) -> Any:
+    return dumper.represent_mapping("!unsafe", dict(data))
+
+
+def write(hostfile: HostFile, path: Path, secrets: SecretFiles | None = None) -> Path:
+    """The inventory as YAML at ``path``, with the host file's data (DATA_VARS) tagged ``!unsafe``:
+    Ansible reads it as data, never as a template. The connection variables stay plain: testinfra
+    reads them, and their values (addresses, user names, paths without template delimiters, which
+    the host file refuses) cannot hold a template."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # each host's data written whole: no anchor reaches across hosts or tags
+
+    Dumper.add_representer(_Unsafe, _unsafe)
+    built = build(hostfile, secrets)
+    for group in built["all"]["children"].values():
+        for hostvars in group["hosts"].values():
+            for name in DATA_VARS:
+                if name in hostvars:
+                    hostvars[name] = _Unsafe(hostvars[name])
+    path.write_text(yaml.dump(built, Dumper=Dumper, sort_keys=False, width=1 << 20))
+    return path

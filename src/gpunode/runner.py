@@ -344,7 +344,8 @@ def _run(
     logs.mkdir(parents=True, exist_ok=True)
     ident = dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     # Written fresh each run: the inventory holds names of secrets, never their values.
-    (private / "inventory" / "gpunode.json").write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
+    (private / "inventory" / "gpunode.json").unlink(missing_ok=True)  # an earlier gpunode's, which Ansible would read too
+    inventory_file = inventory.write(hostfile, private / "inventory" / "gpunode.yml", secrets)
     log_path = logs / f"provision-{ident}.log"
 
     cmdline = []
@@ -375,7 +376,7 @@ def _run(
                         private_data_dir=str(private),
                         project_dir=str(PLAYBOOKS),
                         playbook="provision.yml",
-                        inventory=str(private / "inventory" / "gpunode.json"),
+                        inventory=str(inventory_file),
                         ident=ident,
                         tags=",".join(stages),
                         limit=limit,

@@ -53,7 +53,7 @@ def test_unknown_layer_is_bad_input(gpunode) -> None:
     result = gpunode("check", str(LAB), "--layer", "gpu")
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: unknown layer 'gpu' (layers: host, container, node, model, image, p2p, "
-                                     "serve, smoke, router)")
+                                     "serve, smoke, router, monitor)")
 
 
 def test_malformed_host_file_is_bad_input(gpunode, tmp_path: Path) -> None:

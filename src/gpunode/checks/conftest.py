@@ -59,9 +59,21 @@ def _groups(host: Any) -> list[str]:
     return list(host.backend.get_variables().get("group_names", []))
 
 
+def _plain(value: Any) -> Any:
+    """A value as the host file gave it: ansible-inventory shows a string of gpunode's data (written
+    !unsafe, gpunode.inventory.write) as {"__ansible_unsafe": string}."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
 @pytest.fixture(scope="module")
 def hostvars(host: Any) -> dict[str, Any]:
-    return dict(host.backend.get_variables())
+    return dict(_plain(host.backend.get_variables()))
 
 
 # What gpunode's inventory carries for each host (gpunode.inventory.host_vars), as the stages read
@@ -163,7 +175,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "worker" in metafunc.fixturenames:
         workers = [w["host"] for host in _hosts(metafunc.config)
                    if "routers" in host.backend.get_variables().get("group_names", [])
-                   for w in host.backend.get_variables()["gpunode_derived"]["workers"]]
+                   for w in _plain(host.backend.get_variables()["gpunode_derived"])["workers"]]
         metafunc.parametrize("worker", workers or ["no-router"])
     if "kernel" not in metafunc.fixturenames:
         return
@@ -173,7 +185,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if "pve_hosts" not in variables.get("group_names", []) or _unreachable(host):
             continue
         try:
-            found.update(k["version"] for k in _kernels(host, variables["gpunode_host"])["kernels"])
+            found.update(k["version"] for k in _kernels(host, _plain(variables["gpunode_host"]))["kernels"])
         except (Exception, pytest.fail.Exception):  # a failed read is reported by the host's other checks
             continue
     metafunc.parametrize("kernel", sorted(found) or ["no-kernel-found"])
@@ -195,6 +207,17 @@ def docker_inspect(host: Any, kind: str, name: str) -> dict[str, Any] | None:
     """`docker {kind} inspect NAME` on the host, or None when there is no such object (or no Docker)."""
     result = host.run(f"docker {kind} inspect {quote(name)}")
     return json.loads(result.stdout)[0] if result.rc == 0 else None
+
+
+def assert_container_runs(host: Any, name: str, what: str, where: str, image: str, argv: list[str], fix: str) -> None:
+    """One of gpunode's containers exists, runs (else its last log lines say why), from ``image``
+    with ``argv``."""
+    found = docker_inspect(host, "container", name)
+    assert found is not None, f"no {what} container {name} on {where} -> {fix}"
+    logs = host.run(f"docker logs --tail 5 {quote(name)} 2>&1").stdout.strip().replace("\n", " | ")
+    assert found["State"]["Running"], f"the {what} container is {found['State']['Status']}: {logs[-500:]} -> {fix}"
+    assert found["Config"]["Image"] == image, f"the {what} runs {found['Config']['Image']}, the host file asks for {image} -> {fix}"
+    assert found["Config"]["Cmd"] == argv, f"the {what}'s flags differ from the host file's -> {fix}"
 
 
 # Run inside one of gpunode's containers: GET a path on its own port, with the key the container

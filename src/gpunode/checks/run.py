@@ -243,8 +243,7 @@ def run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[
 def _run_checks(hostfile: HostFile, secrets: inventory.SecretFiles, layers: list[str] | None) -> CheckReport:
     folder = state_dir() / "check"
     folder.mkdir(parents=True, exist_ok=True)
-    inv = folder / "inventory.json"
-    inv.write_text(json.dumps(inventory.build(hostfile, secrets), indent=2))
+    inv = inventory.write(hostfile, folder / "inventory.yml", secrets)
     chosen = layers or list(LAYERS)
     files = [str(CHECKS_DIR / f"test_{layer}.py") for layer in chosen if (CHECKS_DIR / f"test_{layer}.py").exists()]
     groups = check_groups(hostfile, chosen)
