@@ -104,6 +104,14 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         if plan.forecast is not None:
             console.print(f"  live: {escape(plan.forecast['line'])}")
 
+        if plan.monitor is not None:
+            mon = plan.monitor
+            console.print(f"\n[bold]Monitor[/bold] {escape(mon['runs'])}")
+            console.print(f"  scrapes every {mon['scrape_interval_s']} s, keeps {mon['retention']}: "
+                          + escape(", ".join(mon["targets"])))
+            console.print(f"  alerts: {escape('; '.join(mon['alerts']))}")
+            console.print(f"  reach: {escape(mon['reach'])}")
+
         table = Table(title="stages and checks", show_lines=False)
         table.add_column("stage")
         table.add_column("does / checks")

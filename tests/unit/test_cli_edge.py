@@ -179,7 +179,7 @@ JSON_COMMANDS = {
     "plan": ["plan"], "provision": ["provision"], "check": ["check"], "p2p": ["p2p"], "serve": ["serve"],
     "smoke": ["smoke"], "diagnose": ["diagnose", "--hosts"], "image build": ["image", "build"],
     "image verify": ["image", "verify", "some/tag:1", "--hosts"],
-    **{name: [name] for name in ("host", "container", "node", "model", "router")},
+    **{name: [name] for name in ("host", "container", "node", "model", "router", "monitor")},
 }
 
 

@@ -61,13 +61,15 @@ def test_server_command_passes_the_profile_and_overrides(example: hostfile.HostF
     assert pairs["--nsa-decode-backend"] == pairs["--nsa-prefill-backend"] == "trtllm"
     assert not [a for a in argv if a.startswith("--tp=")] and "--disable-radix-cache" in argv
     assert pairs["--model-path"] == "/model" and pairs["--served-model-name"] == "glm-5"
+    assert "--enable-metrics" in argv  # the monitor stage and a roll's drain read them
     overridden = host.model_copy(update={"server": host.server.model_copy(update={
-        "flags": {"--max-running-requests": 512, "--disable-radix-cache": False, "--enable-metrics": True},
+        "flags": {"--max-running-requests": 512, "--disable-radix-cache": False,
+                  "--enable-metrics-for-all-schedulers": True},
         "env": {"NCCL_DEBUG": "INFO"}})})
     launch = derive.server_launch(overridden)
     pairs = dict(arg.split("=", 1) for arg in launch.argv if "=" in arg)
     assert pairs["--max-running-requests"] == "512"
-    assert "--disable-radix-cache" not in launch.argv and launch.argv[-1] == "--enable-metrics"
+    assert "--disable-radix-cache" not in launch.argv and launch.argv[-1] == "--enable-metrics-for-all-schedulers"
     assert launch.env["NCCL_DEBUG"] == "INFO" and launch.env["NCCL_P2P_LEVEL"] == "PHB"
     assert launch.reasons["--max-running-requests"] == "set in the host file (server.flags)"
 
@@ -125,7 +127,7 @@ def test_plan_contacts_nothing(gpunode, monkeypatch: pytest.MonkeyPatch) -> None
     assert result.returncode == 0
     data = json.loads(result.stdout)
     # Each host's stages; the router's is the fleet's, shown with the router when the file has one.
-    assert [s["name"] for s in data["hosts"][0]["stages"]] == [n for n in stages.STAGE_NAMES if n != "router"]
+    assert [s["name"] for s in data["hosts"][0]["stages"]] == [n for n in stages.STAGE_NAMES if n not in ("router", "monitor")]
     assert data["router"] is None
     human = gpunode("plan", str(EXAMPLE))
     for needle in ("dev7: /dev/nvidia7,mode=0666", "uvm_disable_hmm=1", "gpunode/sglang:0.5.9-cu128-",
@@ -136,7 +138,7 @@ def test_plan_contacts_nothing(gpunode, monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("tags,start,expected", [
     (None, None, list(stages.STAGE_NAMES)),
-    (None, "node", ["node", "model", "image", "p2p", "serve", "smoke", "router"]),
+    (None, "node", ["node", "model", "image", "p2p", "serve", "smoke", "router", "monitor"]),
     (["node", "smoke"], None, ["node", "smoke"]),
     (["host", "serve"], "node", ["serve"]),
 ])
@@ -175,6 +177,6 @@ def test_lab_stand_in_is_planned_plainly(tmp_path: Path) -> None:
 
 
 def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:
-    assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke", "router"}
+    assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke", "router", "monitor"}
     assert set(stages.lab_leaves_out(True)) == {"p2p"}, "the fake server cannot measure P2P"
     assert "no GPU" in stages.lab_leaves_out(True)["p2p"]

@@ -20,7 +20,7 @@ def check(
     """Is this node right? testinfra checks by layer, one per stage; several hosts are checked side
     by side, each reported by name.
 
-    Layers: host, container, node, model, image, p2p, serve, smoke, router.
+    Layers: host, container, node, model, image, p2p, serve, smoke, router, monitor.
     """
     from gpunode.checks import LAYERS
 
@@ -28,6 +28,8 @@ def check(
     hf = _load(path)
     if chosen == ["router"] and hf.router is None:
         _die(BAD_INPUT, [f"{path}: --layer router: the host file has no router: section"])
+    if chosen == ["monitor"] and not any(host.monitor for host in hf.hosts):
+        _die(BAD_INPUT, [f"{path}: --layer monitor: no host of the file has a monitor: section"])
 
     from rich.console import Console
 

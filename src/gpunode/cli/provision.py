@@ -31,7 +31,7 @@ def provision(
     as_json: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Run the provision playbook: host, container, node, model, image, p2p, serve, smoke (router).
+    """Run the provision playbook: host, container, node, model, image, p2p, serve, smoke (router, monitor).
 
     An existing container without gpunode's tag is never changed (exit 1, naming it) unless
     --adopt is given, and never destroyed (--recreate-container refuses it even with --adopt).

@@ -64,6 +64,10 @@ def run_stages(path: Path, tags: list[str] | None, start: str | None, *, check: 
         if tags and "router" in tags:
             _die(BAD_INPUT, [f"{path}: --tags router: the host file has no router: section"])
         chosen = [name for name in chosen if name != "router"]  # nothing to route: not a stage of this file
+    if not any(host.monitor for host in hf.hosts) and "monitor" in chosen:
+        if tags and "monitor" in tags:
+            _die(BAD_INPUT, [f"{path}: --tags monitor: no host of the file has a monitor: section"])
+        chosen = [name for name in chosen if name != "monitor"]  # nothing to watch: not a stage of this file
     lab_skipped: dict[str, str] = {}
     if not tags and all(host.lab for host in hf.hosts):
         # Left out only where every host leaves it out (a stand-in on each host runs serve and smoke).

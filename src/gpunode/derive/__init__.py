@@ -22,6 +22,7 @@ from gpunode.ground.nvidia import CAPS_DIR, CONTROL_NODES, DEV_MODE, OPTIONAL_NO
 from gpunode.ground.paths import MODULE_UTILS, PACKAGE
 from gpunode.derive.serverspec import CONTAINER_NAME
 from gpunode.derive.modelplan import ModelPlan, plan as model_plan
+from gpunode.derive.monitorspec import MonitorPlan, plan as monitor_plan
 
 
 def node_name(host: Host) -> str:
@@ -180,13 +181,17 @@ class Derived(BaseModel):
     server_container: str  # the server container's name on the node
     probe_sources: tuple[str, ...]  # on the controller: the scripts the node stage probes the hand-off with
     model: ModelPlan  # where the weights are, what is mounted, what the model stage checks
+    monitor: MonitorPlan | None = None  # the monitor stage's settings, with the host file's monitor: section
 
 
-def derive(host: Host) -> Derived:
+def derive(host: Host, router_metrics_port: int | None = None) -> Derived:
+    """``router_metrics_port``: the router's metrics port, when the router runs on this host's GPU
+    node (the node's Prometheus scrapes it; ``derive_for`` passes it)."""
     planned = aot_plan(host)
     tag = image_tag(host, planned)
     launch = server_launch(host)
     tp_size = launch.value_of(*profiles.TP_FLAGS)
+    model = model_plan(host)
     return Derived(
         name=host.name, node=node_name(host),
         container_config=container_config(host.container, host.name, with_devices=False),
@@ -196,8 +201,31 @@ def derive(host: Host) -> Derived:
         launch=launch, tp_size=int(tp_size) if tp_size is not None else 1,
         served_name=host.served_name, server_container=CONTAINER_NAME,
         probe_sources=(str(MODULE_UTILS / "nvidia_nodes.py"), str(PACKAGE / "probe" / "cuda_probe.py")),
-        model=model_plan(host),
+        model=model,
+        monitor=None if host.monitor is None else monitor_plan(
+            host.monitor, host_name=host.name, server_bind=host.server.bind, server_port=host.server.port,
+            server_container=CONTAINER_NAME, server_image=server_image(host, tag), gpus=host.container.gpus,
+            # The weights' mount when the container mounts them (hub, host_path); else they lie on its root.
+            store_mount=model.mount_target if model.mount_source else "/", router_metrics_port=router_metrics_port,
+            nvml_module=stand_in_nvml_module() if host.image.lab_stand_in else None),
     )
+
+
+def stand_in_nvml_module() -> str:
+    """The lab stand-in image's NVML for the GPU exporter (the lab has no GPU: a recorded one, replayed)."""
+    from gpunode.ground import labdoor
+
+    try:
+        return labdoor.stand_in_nvml_module()
+    except labdoor.LabMissing as exc:
+        raise ValueError(f"image.lab_stand_in: {exc}") from None
+
+
+def derive_for(hostfile: HostFile, host: Host) -> Derived:
+    """``derive(host)`` within its host file: with the router's metrics port where the router runs
+    on this host's node."""
+    router = hostfile.router
+    return derive(host, router.metrics_port if router is not None and hostfile.router_host is host else None)
 
 
 # ----------------------------------------------------------------------------- the router

@@ -7,9 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpunode.catalogue import profiles, stacks
-from gpunode.derive import Derived, container_config, derive, derive_router, dev_entries
+from gpunode.derive import Derived, container_config, derive, derive_for, derive_router, dev_entries
 from gpunode.derive.imagecontext import ImageInputError
 from gpunode.ground.text import shown
 from gpunode.ground.yamlsource import YamlSource
@@ -145,9 +146,10 @@ class HostPlan:
     ownership: dict[str, Any] | None = None
     # Filled only by `plan --live` (gpunode.rolling.forecast): what a provision would do to the server now.
     forecast: dict[str, str] | None = None
+    monitor: dict[str, Any] | None = None  # the monitor stage, with the host file's monitor: section
 
 
-def plan_host(host: Host) -> HostPlan:
+def plan_host(host: Host, hostfile: HostFile | None = None) -> HostPlan:
     notes: list[str] = []
     warnings: list[str] = []
     if host.lab:
@@ -162,7 +164,7 @@ def plan_host(host: Host) -> HostPlan:
         )
     if not host.api.tls.verify:
         warnings.append("TLS verification of the Proxmox API is OFF: anyone on the path can read the credentials")
-    derived = derive(host)
+    derived = derive_for(hostfile, host) if hostfile is not None else derive(host)
     launch = derived.launch
     profile = profiles.load(host.profile_name)
     gpus = host.container.gpus
@@ -188,8 +190,33 @@ def plan_host(host: Host) -> HostPlan:
                 "served_name": host.served_name, "bind": host.server.bind, "port": host.server.port,
                 "command": launch.command_line(), "env": launch.env, "reasons": launch.reasons},
         model=model_section(host, derived),
-        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES if s.name != "router"],
+        stages=[{"name": s.name, "summary": s.summary, "checks": list(s.checks)} for s in STAGES
+                if s.name != "router" and (s.name != "monitor" or host.monitor is not None)],
+        monitor=monitor_section(host, derived),
     )
+
+
+def monitor_section(host: Host, derived: Derived) -> dict[str, Any] | None:
+    """What the monitor stage runs on the node, what it scrapes, where alerts go (a webhook by its
+    address only: its path may carry the receiver's own secret) and how to reach Prometheus."""
+    settings, monitor = derived.monitor, host.monitor
+    if settings is None or monitor is None:
+        return None
+    alerts = []
+    if monitor.alerts.webhook is not None:
+        hook = monitor.alerts.webhook
+        parts = urlsplit(hook.url)
+        alerts.append(f"webhook {parts.scheme}://{parts.netloc}/..." + (f" with token {hook.token.describe()}" if hook.token else ""))
+    if monitor.alerts.email is not None:
+        mail = monitor.alerts.email
+        alerts.append(f"email to {mail.to} through {mail.smarthost}" + (f" as {mail.username}" if mail.username else "")
+                      + (f" with password {mail.password.describe()}" if mail.password else ""))
+    reach = host.container.reach
+    return {"runs": "Debian's prometheus, prometheus-alertmanager and prometheus-node-exporter, and gpunode's GPU "
+                    f"exporter ({settings.exporter_image}), on the node's loopback",
+            "targets": list(settings.targets), "retention": monitor.retention,
+            "scrape_interval_s": monitor.scrape_interval_s, "alerts": alerts,
+            "reach": f"ssh -L 9090:{settings.web} -p {reach.port} {reach.user}@{reach.address}, then http://localhost:9090"}
 
 
 def model_section(host: Host, derived: Derived) -> dict[str, Any]:
@@ -226,7 +253,7 @@ def restart_note(hostfile: HostFile) -> str:
 
 
 def make_plan(hostfile: HostFile) -> list[HostPlan]:
-    plans = [plan_host(host) for host in hostfile.hosts]
+    plans = [plan_host(host, hostfile) for host in hostfile.hosts]
     for plan in plans:
         plan.server["restart"] = restart_note(hostfile)
     return plans
