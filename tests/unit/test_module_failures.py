@@ -41,7 +41,7 @@ def test_stage_module_names_what_is_wrong_with_its_host_data(tmp_path: Path) -> 
     from gpunode import hostfile, inventory
 
     lab = hostfile.load(ROOT / "inventory/lab/host.yml")
-    data = inventory.host_vars(lab.hosts[0], {})
+    data = inventory.host_vars(lab, lab.hosts[0], {})
     data["gpunode_host"]["container"]["vmid"] = 5
     res = run_module("gpunode_stage", {"stage": "serve", "host": data["gpunode_host"],
                                        "derived": data["gpunode_derived"]}, tmp_path)

@@ -2,14 +2,13 @@
 `promtool check rules` loads them, `promtool test rules` (tests/unit/alerts/gpunode_alerts_test.yml)
 fires each on its bad series with its whole text and keeps it quiet on the good one. Then the tests
 themselves are checked: every alert has a firing case and a quiet case, and rules that fire on
-anything fail them. Then the scrape configuration (gpunode.stages.monitor.config) that feeds them:
+anything fail them. Then the scrape configuration (gpunode.derive.monitorspec) that feeds them:
 `promtool check config` accepts it with the rules, and every job a rule reads is one it scrapes. promtool is Debian's (package prometheus, 2.42 on Debian 12; scripts/setup
 installs it): without it the tests skip, saying so, and under CI they fail."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,9 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakes.ci import under_ci  # noqa: E402 - tests/ put on the path just above
+from fakes.ci import debian_tool  # noqa: E402 - tests/ put on the path just above
 
-from gpunode.stages.monitor import config  # noqa: E402
+from gpunode.derive import monitorspec as config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "src/gpunode/ansible_collections/gpunode/core/roles/monitor/files/gpunode-alerts.yml"
@@ -35,19 +34,9 @@ ASKED = {"server down or not ready": "GpunodeServerDown", "requests queued": "Gp
          "ECC and Xid-style health": "GpunodeGpuXid"}
 
 
-def _debian_tool(tool: str, package: str) -> str:
-    """``tool``'s path; without it the test skips saying so, and under CI it fails."""
-    found = shutil.which(tool)
-    if found is None:
-        if under_ci():
-            pytest.fail(f"{tool} is missing under CI: scripts/setup installs Debian's {package} package")
-        pytest.skip(f"{tool} is not installed (Debian: apt install {package}; scripts/setup does it)")
-    return found
-
-
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    return _debian_tool("promtool", "prometheus")
+    return debian_tool("promtool", "prometheus")
 
 
 def _alerts() -> list[dict[str, Any]]:
@@ -158,7 +147,7 @@ def test_one_address_for_two_hosts_is_refused_naming_both() -> None:
 
 @pytest.fixture(scope="module")
 def amtool() -> str:
-    return _debian_tool("amtool", "prometheus-alertmanager")
+    return debian_tool("amtool", "prometheus-alertmanager")
 
 
 def test_alertmanager_accepts_each_receiver_and_no_secret_is_in_its_configuration(amtool: str, tmp_path: Path) -> None:

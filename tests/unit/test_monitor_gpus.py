@@ -1,13 +1,11 @@
 """The node's GPU exporter (gpunode.stages.monitor.gpus), driven by what NVML answered on a real GPU
-(tests/fixtures/monitor/h100: an H100 on the device machine, driver 580.159.04, recorded with
-tests/fixtures/monitor/record.py). The replayed scrape must be, byte for byte, the one the real run
+(gpunode_lab's recorded/h100/nvml: an H100 on the device machine, driver 580.159.04, recorded with
+tests/fixtures/monitor/record.py; the lab's stand-in image answers from the same recording). The replayed scrape must be, byte for byte, the one the real run
 printed; then the answers a real fleet also gives: refusals, a lost GPU, no driver, a Xid event."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pynvml
 import pytest
@@ -15,10 +13,9 @@ import pytest
 from gpunode.ground.metrics import samples
 from gpunode.stages.monitor import gpus
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakes.nvml_replay import ReplayNvml  # noqa: E402 - tests/ put on the path just above
+from gpunode_lab.contract import NVML_RECORDING as RECORDED
+from gpunode_lab.standin.nvml_replay import ReplayNvml
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "monitor" / "h100"
 CALLS = RECORDED / "nvml_calls.json"
 
 

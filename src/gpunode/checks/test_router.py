@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.checks.conftest import container_get, docker_inspect, node_record, quote
+from gpunode.checks.conftest import assert_container_runs, container_get, docker_inspect, node_record, quote
 from gpunode.stages.router.api import PROBE, probe_answer
 from gpunode.derive.routerspec import CONTAINER_NAME, KEY_FILE
 
@@ -38,13 +38,8 @@ def _get(router: Any, gpunode_router: dict[str, Any], path: str) -> tuple[int, s
 
 
 def test_router_container_running(router: Any, gpunode_derived: dict[str, Any]) -> None:
-    found = docker_inspect(router, "container", CONTAINER_NAME)
-    assert found is not None, f"no router container {CONTAINER_NAME} on the router machine -> {FIX}"
-    logs = router.run(f"docker logs --tail 5 {quote(CONTAINER_NAME)} 2>&1").stdout.strip().replace("\n", " | ")
-    assert found["State"]["Running"], f"the router container is {found['State']['Status']}: {logs[-500:]} -> {FIX}"
-    assert found["Config"]["Image"] == gpunode_derived["image_tag"], (
-        f"the router runs {found['Config']['Image']}, the host file asks for {gpunode_derived['image_tag']} -> {FIX}")
-    assert found["Config"]["Cmd"] == list(gpunode_derived["argv"]), f"the router's flags differ from the host file's -> {FIX}"
+    assert_container_runs(router, CONTAINER_NAME, "router", "the router machine", gpunode_derived["image_tag"],
+                          list(gpunode_derived["argv"]), FIX)
 
 
 def test_router_answers_models(router: Any, gpunode_router: dict[str, Any], gpunode_derived: dict[str, Any]) -> None:

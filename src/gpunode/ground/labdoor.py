@@ -2,8 +2,8 @@
 distribution in lab/); it asks for the lab's entry points by name.
 
 Production code knows a lab host by its host file (``lab: true``, ``image.lab_stand_in``); what it
-needs of the lab itself goes through here: the stand-in server's image tag (which the lab builds)
-and the ``gpunode lab`` commands.
+needs of the lab itself goes through here: the stand-in server's image tag (which the lab builds),
+the NVML module that image gives the GPU exporter, and the ``gpunode lab`` commands.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ def installed() -> bool:
 def stand_in_tag() -> str:
     """The tag of the lab's stand-in server image (a hash of its files: a changed stand-in, a new tag)."""
     return str(_entry("stand_in_tag")())
+
+
+def stand_in_nvml_module() -> str:
+    """The NVML module the stand-in image gives gpunode's GPU exporter (a replay of a recorded GPU)."""
+    return str(_entry("stand_in_nvml_module")())
 
 
 def main(argv: list[str]) -> int:

@@ -60,6 +60,12 @@ STAGES: tuple[Stage, ...] = (
         "every host's server registered and healthy in the router; /v1/models answers through it",
         "the smoke checks pass through the router",
     )),
+    Stage("monitor", "Prometheus, Alertmanager, node-exporter and the GPU exporter on the node, alerts that name the "
+                     "fix (host files with a monitor: section)", (
+        "Prometheus, Alertmanager and node-exporter running, on the node's loopback",
+        "every scrape target up in Prometheus (server, GPU exporter, node-exporter, the router where it runs)",
+        "gpunode's alert rules loaded; Alertmanager ready and known to Prometheus",
+    )),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
@@ -72,9 +78,10 @@ LAB_LEAVES_OUT: dict[str, str] = {
     "serve": "the lab has no GPU behind its node",
     "smoke": "the lab has no GPU behind its node",
     "router": "the lab has no GPU behind its nodes: no server for the router to route to",
+    "monitor": "the lab has no GPU behind its node: no server or GPU to watch",
 }
 # With image.lab_stand_in the image stage ships the fake server's image and serve/smoke run it.
-STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke", "router")
+STAND_IN_RUNS: tuple[str, ...] = ("image", "serve", "smoke", "router", "monitor")
 
 
 def lab_leaves_out(stand_in: bool) -> dict[str, str]:

@@ -26,7 +26,7 @@ from gpunode.hostfile import Host, SecretRef, Ssh
 from gpunode.stages.engine import forward
 
 # The stages run from the modules gpunode.core.gpunode_stage dispatches to (each its package's stage module).
-GPU_STAGES = ("model", "image", "p2p", "serve", "smoke", "router")
+GPU_STAGES = ("model", "image", "p2p", "serve", "smoke", "router", "monitor")
 
 
 @dataclass(frozen=True)

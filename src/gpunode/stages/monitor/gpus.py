@@ -292,11 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=_listen, default=("127.0.0.1", DEFAULT_PORT), metavar="ADDRESS:PORT")
     parser.add_argument("--expected", type=int, default=None, help="GPUs the host file gives this node")
     parser.add_argument("--once", action="store_true", help="print one scrape and exit")
+    parser.add_argument("--nvml-module", default="pynvml", metavar="MODULE",
+                        help="the NVML binding to read through: nvidia-ml-py's pynvml (a lab's stand-in image "
+                             "names its replay of a recorded GPU)")
     args = parser.parse_args(argv)
-    import pynvml  # the nvidia-ml-py distribution
+    import importlib
+
     from prometheus_client import CollectorRegistry, start_http_server
 
-    collector = GpuCollector(pynvml, expected=args.expected)
+    collector = GpuCollector(importlib.import_module(args.nvml_module), expected=args.expected)
     if args.once:
         sys.stdout.write(exposition(collector).decode())
         collector.stop()

@@ -5,7 +5,8 @@ is running is left alone (same id, not restarted); changed settings, or a change
 it; a stopped one with the same settings is started again; one with the name but not gpunode's role
 label is never touched. A key goes in as a file written into the created container before it
 starts, never through the spec. ``ensure_server`` is that for the SGLang server and its API key
-(``spec.API_KEY_FILE``, with the launcher that reads it); the router stage uses it for the router.
+(``spec.API_KEY_FILE``, with the launcher that reads it); the router stage uses it for the router,
+the monitor stage for its GPU exporter.
 """
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ def _docker_failure(exc: docker.errors.DockerException, spec: Mapping[str, Any])
     return ServeError(f"Docker refused the server container: {message}", diagnosis)
 
 
-def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None) -> Container:
+def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None,
+                     files: bytes | None = None) -> Container:
+    """The container made from ``spec``, with the key file and ``files`` (a tar put at /: what the
+    container runs that its image does not hold) written into it before it starts."""
     try:
         container = client.containers.create(**spec)
     except docker.errors.DockerException as exc:
@@ -163,6 +167,8 @@ def create_and_start(client: docker.DockerClient, spec: Mapping[str, Any], key: 
     try:
         if key is not None and not container.put_archive("/", _key_archive(key)):
             raise ServeError("could not write the API key file into the container")
+        if files is not None and not container.put_archive("/", files):
+            raise ServeError(f"could not write gpunode's files into the container {spec['name']}")
         container.start()
     except (docker.errors.DockerException, ServeError) as exc:
         container.remove(force=True)
@@ -236,8 +242,9 @@ def decide(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | 
 
 
 def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: KeyFile | None = None,
-                     stop_timeout_s: int = 30) -> StartResult:
-    """Make the container named in ``spec`` match it (see the module docstring)."""
+                     stop_timeout_s: int = 30, files: bytes | None = None) -> StartResult:
+    """Make the container named in ``spec`` match it (see the module docstring); ``files`` go into a
+    container it makes (their digest belongs in the spec's hash: they are not compared here)."""
     name = spec["name"]
     wanted = spec["labels"][specs.LABEL_HASH]
     decision = decide(client, spec, key)
@@ -252,7 +259,7 @@ def ensure_container(client: docker.DockerClient, spec: Mapping[str, Any], key: 
         return StartResult("started", current.id, name, decision.reason, wanted)
     if current is not None:
         remove_container(current, stop_timeout_s)
-    made = create_and_start(client, spec, key)
+    made = create_and_start(client, spec, key, files)
     return StartResult(decision.action, made.id, name, decision.reason, wanted)
 
 

@@ -25,7 +25,7 @@ options:
     description: The stage to run.
     type: str
     required: true
-    choices: [model, image, p2p, serve, smoke, router]
+    choices: [model, image, p2p, serve, smoke, router, monitor]
   host:
     description:
       - The host file's entry for this host, validated, as data (the inventory's C(gpunode_host)).
@@ -81,7 +81,7 @@ from ansible_collections.gpunode.core.plugins.module_utils import guard
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "stage": {"type": "str", "required": True, "choices": ["model", "image", "p2p", "serve", "smoke", "router"]},
+            "stage": {"type": "str", "required": True, "choices": ["model", "image", "p2p", "serve", "smoke", "router", "monitor"]},
             "host": {"type": "dict", "required": True},
             "derived": {"type": "dict", "required": True},
             "api_key_file": {"type": "path", "no_log": False},
