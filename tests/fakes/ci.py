@@ -31,3 +31,18 @@ def under_ci(environ: Mapping[str, str] | None = None) -> bool:
         return False
     raise CiValueError(f"environment variable CI={raw!r} is not a boolean: use one of "
                        f"{', '.join(sorted(TRUE))} (under CI) or {', '.join(sorted(FALSE - {''}))} (not)")
+
+
+def debian_tool(tool: str, package: str) -> str:
+    """``tool``'s path (a Debian package's, which scripts/setup installs); without it the calling test
+    skips saying so, and under CI it fails."""
+    import shutil
+
+    import pytest
+
+    found = shutil.which(tool)
+    if found is None:
+        if under_ci():
+            pytest.fail(f"{tool} is missing under CI: scripts/setup installs Debian's {package} package")
+        pytest.skip(f"{tool} is not installed (Debian: apt install {package}; scripts/setup does it)")
+    return found

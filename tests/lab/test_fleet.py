@@ -372,13 +372,14 @@ def _fleet_with(tmp_path: Path, name: str, servers: dict[str, dict[str, Any]]) -
 
 def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_request_succeeds(
         gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi, tmp_path: Path) -> None:
-    """Day two (issue 36): a profile flag on both hosts (the server's metrics turned on) restarts both
+    """Day two (issue 36): a profile flag on both hosts (metrics from every scheduler) restarts both
     servers. The provision forecasts that, says so, and rolls: one host at a time taken out of the
     router, drained, changed, served, smoke-tested and put back, under a steady load through the
     router that sees no failed request. Then a change that breaks the second host's server stops
     the roll with the first host changed and serving; the second stays out of the router until its
     flag is mended, in a run that leaves the first host, rolled just before, unchanged."""
-    metrics = _fleet_with(tmp_path, "fleet-metrics.yml", {name: {"flags": {"--enable-metrics": True}} for name in HOSTS})
+    every = {"--enable-metrics-for-all-schedulers": True}
+    metrics = _fleet_with(tmp_path, "fleet-metrics.yml", {name: {"flags": every} for name in HOSTS})
     plan = gpunode("plan", str(metrics), "--live", "--json", timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]
     foreseen = {h["name"]: h["forecast"] for h in json.loads(plan.stdout)["hosts"]}
@@ -411,8 +412,8 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
 
     # The second host's change breaks its server: the roll stops there, the first host serves the new settings.
     broken = _fleet_with(tmp_path, "fleet-broken.yml", {
-        "pve-lab": {"flags": {"--enable-metrics": True, "--max-running-requests": 512}},
-        "pve-lab2": {"flags": {"--enable-metrics": True, "--mem-fraction-static": 0.05}}})
+        "pve-lab": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
+        "pve-lab2": {"flags": {"--enable-metrics-for-all-schedulers": True, "--mem-fraction-static": 0.05}}})
     with Load(router_api) as load:
         stopped = gpunode("provision", str(broken), "--json", timeout=1500)
     print(f"rolling change stopped at the second host: {load.said()}")
@@ -432,8 +433,8 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
     # back and joins the router again, and the first, rolled in the run before, changes nothing (a
     # roll leaves its hosts converged: a second run after it is idle for them).
     mended_file = _fleet_with(tmp_path, "fleet-mended.yml", {
-        "pve-lab": {"flags": {"--enable-metrics": True, "--max-running-requests": 512}},
-        "pve-lab2": {"flags": {"--enable-metrics": True}}})
+        "pve-lab": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
+        "pve-lab2": {"flags": {"--enable-metrics-for-all-schedulers": True}}})
     mended = gpunode("provision", str(mended_file), "--json", timeout=1500)
     assert mended.returncode == 0, mended.stderr[-4000:]
     changed = _changed(_summary(mended))

@@ -141,7 +141,7 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
         assert f"lab: not running stage {stage}: " in by_from.stderr and why in by_from.stderr
     unknown = gpunode("provision", str(LAB_HOSTS), "--tags", "nodes")
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "error: unknown stage 'nodes' (stages: host, container, node, model, image, p2p, serve, smoke, router)"
+    assert unknown.stderr.strip() == "error: unknown stage 'nodes' (stages: host, container, node, model, image, p2p, serve, smoke, router, monitor)"
     # Named with --tags, a GPU stage runs, and says what is missing.
     forced = gpunode("provision", str(LAB_HOSTS), "--tags", "p2p", "--json", timeout=600)
     assert forced.returncode == 1
@@ -169,7 +169,7 @@ def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: 
     assert lab_password not in result.stdout + result.stderr
     files = [p for p in (tmp_path / "state").rglob("*") if p.is_file()]
     assert any(p.name == "command" for p in files), "ansible-runner's command file (which holds the env) exists"
-    assert any(p.name == "gpunode.json" for p in files), "the inventory is among the files checked"
+    assert any(p.name == "gpunode.yml" for p in files), "the inventory is among the files checked"
     for path in files:
         assert lab_password.encode() not in path.read_bytes(), path
     # The env secret lived in memory only (runner.secret_files): no file in /dev/shm holds it.

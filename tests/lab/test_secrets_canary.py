@@ -111,7 +111,7 @@ def test_a_check_killed_with_sigkill_leaves_no_secret_behind(tmp_path: Path, pas
         # Kill it while its checks run: once its pytest has the inventory written and has begun.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            if (state / "check" / "inventory.json").exists():
+            if (state / "check" / "inventory.yml").exists():
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "gpunode check ended before it could be killed"

@@ -13,6 +13,7 @@ import math
 import re
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -119,6 +120,18 @@ def metrics(url: str) -> dict[str, Family]:
     return parse(body.decode())
 
 
+def settled(url: str, name: str, want: float, **labels: str) -> dict[str, Family]:
+    """/metrics once ``name`` has reached ``want``: 0.5.23 counts a response after its body went out
+    (utils/http_middleware_patch.py:38-48), so a client that has the body may ask before the count
+    moves; at most 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        families = metrics(url)
+        if value(families, name, **labels) >= want or time.monotonic() > deadline:
+            return families
+        time.sleep(0.05)
+
+
 def value(families: dict[str, Family], name: str, suffix: str = "", **labels: str) -> float:
     """The sum over the series of ``name`` whose labels include ``labels`` (0 when there is none)."""
     family = families.get(name)
@@ -206,7 +219,7 @@ def test_metrics_need_no_api_key_and_a_refused_request_is_not_counted(tmp_path: 
             urllib.request.urlopen(url + "/v1/models", timeout=30)
         assert refused.value.code == 401
         post(url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}}, key="sk-lab")
-        families = metrics(url)  # no Authorization header
+        families = settled(url, "sglang:http_responses_total", 2, endpoint="/generate", status_code="200")  # no key
     assert value(families, "sglang:http_requests_total", endpoint="/v1/models") == 0
     assert value(families, "sglang:http_responses_total", endpoint="/generate", status_code="200") == 2  # + warm-up
 
@@ -220,7 +233,9 @@ def test_counters_grow_by_what_was_served(tmp_path: Path, version: str) -> None:
                                            "sampling_params": {"max_new_tokens": 5}})
         chat = json.loads(post(url, "/v1/chat/completions", {"model": "glm-5", "messages": [
             {"role": "user", "content": "17 + 25?"}]}))
-        after = metrics(url)
+        chat_label = {"endpoint": "/v1/chat/completions", "status_code": "200"}
+        after = settled(url, "sglang:http_responses_total",
+                        value(before, "sglang:http_responses_total", **chat_label) + 1, **chat_label)
     assert streamed.decode().count("data: {") == 5
     usage = chat["usage"]
 

@@ -28,7 +28,7 @@ import docker
 
 from gpunode.catalogue import handoff
 from gpunode.catalogue.sglangargs import ARGS_DIR as SGLANG_ARGS
-from gpunode_lab.contract import STANDIN
+from gpunode_lab.contract import NVML_RECORDING, STANDIN
 
 BASE_TAG = "gpunode-test/python-base:bookworm-1"
 FAKE_REPO = "gpunode-test/fake-sglang"
@@ -39,6 +39,28 @@ FAKE_FILES = ("sglang_server.py", "bench_serving.py", "shim/sglang/__init__.py",
 # Each SGLang release's parser (gpunode's catalogue: host-file validation reads them too), beside
 # the server that parses launches with it.
 ARGS = sorted(SGLANG_ARGS.glob("sglang_*_args.json"))
+# gpunode's GPU exporter runs from the server's image (the real one holds prometheus_client and
+# nvidia-ml-py from the stack's lock): here the same two libraries, as this machine has them pinned by
+# gpunode's own lock (both pure Python), and the lab's NVML, which replays a recorded GPU.
+NVML_MODULE = "lab_nvml"
+NVML_FILES = (("shim/lab_nvml.py", STANDIN / "lab_nvml.py"), ("shim/nvml_replay.py", STANDIN / "nvml_replay.py"),
+              ("nvml_calls.json", NVML_RECORDING / "nvml_calls.json"))
+
+
+def nvml_module() -> str:
+    """What the GPU exporter in this image reads NVML through (``--nvml-module``)."""
+    return NVML_MODULE
+
+
+def _library_files() -> list[tuple[str, bytes]]:
+    import prometheus_client
+    import pynvml
+
+    files = [("shim/pynvml.py", Path(pynvml.__file__).read_bytes())]
+    package = Path(prometheus_client.__file__).resolve().parent
+    files += [(f"shim/prometheus_client/{path.relative_to(package)}", path.read_bytes())
+              for path in sorted(package.rglob("*.py"))]
+    return files
 IN_IMAGE = "/opt/fake-sglang"
 # Removed from the rootfs before import: nothing the fake server needs, most of the size.
 TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/lib/apt/lists",
@@ -83,7 +105,8 @@ DOCKERFILE = (f"FROM {BASE_TAG}\nCOPY fakes/ {IN_IMAGE}/\n"
 
 
 def _fake_files() -> list[tuple[str, bytes]]:
-    return [(name, (FAKES / name).read_bytes()) for name in FAKE_FILES] + [(path.name, path.read_bytes()) for path in ARGS]
+    return ([(name, (FAKES / name).read_bytes()) for name in FAKE_FILES] + [(path.name, path.read_bytes()) for path in ARGS]
+            + [(name, path.read_bytes()) for name, path in NVML_FILES] + _library_files())
 
 
 def fake_tag() -> str:
