@@ -70,6 +70,7 @@ def problems(path: Path) -> list[str]:
     ({"alerts": {"webhook": {"url": "http://127.0.0.1:9/x\ny"}}}, r"holds a control or non-ASCII character"),
     ({"alerts": {"webhook": {"url": "http://127.0.0.1:9/x\x1b[31my"}}}, r"holds a control or non-ASCII character"),
     ({"alerts": {"webhook": {"url": "http://[fe80::1%eth0]:9/x"}}}, r"an IPv6 zone"),
+    ({"alerts": {"webhook": {"url": "http://127.0.0.1:9/" + "s" * 2030}}}, r"'http://127\.0\.0\.1:9'\.\.\. is 2049 characters long: at most 2048"),
     ({"alerts": {"email": {**EMAIL["email"], "smarthost": "::1:25"}}}, r"an IPv6 address goes in brackets"),
     ({"alerts": {"email": {**EMAIL["email"], "smarthost": "mail.example.com:\uff12\uff15"}}}, r"is not host:port"),
     ({"alerts": WEBHOOK, "retention": "300y"}, r"monitor\.retention: "),

@@ -824,6 +824,9 @@ EMAIL_RE = r"^[A-Za-z0-9._%+=][A-Za-z0-9._%+=-]{0,63}@[A-Za-z0-9]([A-Za-z0-9.-]{
 MONITOR_PORTS = {"prometheus": 9090, "alertmanager": 9093, "alertmanager cluster": 9094, "node-exporter": 9100}
 
 
+WEBHOOK_URL_MAX = 2048
+
+
 class AlertWebhook(Strict):
     """Alerts POSTed as Alertmanager's webhook JSON; a bearer token, when the receiver asks one."""
 
@@ -839,6 +842,10 @@ class AlertWebhook(Strict):
         where = shown(f"{parts.scheme}://{parts.netloc}" if parts.netloc else parts.scheme or value[:8], quote=True, limit=60)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{where}... is not an http(s) URL")
+        # A receiver's URL fits in a request line; a longer one is a paste gone wrong, and every
+        # file that carries it (alertmanager.yml, the inventory, the plan) would carry it whole.
+        if len(value) > WEBHOOK_URL_MAX:
+            raise ValueError(f"{where}... is {len(value)} characters long: at most {WEBHOOK_URL_MAX}")
         # urlsplit drops tabs and newlines without a word; Alertmanager refuses them, and any control character.
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or not value.isascii():
             raise ValueError(f"{where}... holds a control or non-ASCII character (percent-encode it)")
