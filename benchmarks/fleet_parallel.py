@@ -2,7 +2,7 @@
 """Provisioning two lab hosts against one, in one run: does a fleet provision in parallel?
 
 The lab fleet (inventory/lab/fleet.yml, `gpunode lab up`) has two hosts, each with its own API,
-host container and GPU node. Two workloads, each timed for one host (``--limit pve-lab``) and for
+host container and GPU node. Two workloads, each timed for one host (``--limit pve-lab1``) and for
 both, alternately, ROUNDS times; the ratio of the medians is the answer (1.0: perfectly parallel,
 2.0: serial):
 
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     provision()  # converge first, untimed
     nodes = {"one": [lab.SITE.gpu.ip], "two": [site.gpu.ip for site in lab.SITES]}
-    limits = {"one": ("--limit", "pve-lab"), "two": ()}
+    limits = {"one": ("--limit", "pve-lab1"), "two": ()}
     times: dict[str, dict[str, list[float]]] = {"converged": {"one": [], "two": []}, "repair": {"one": [], "two": []}}
     for _ in range(args.rounds):
         for size in ("one", "two"):

@@ -34,25 +34,34 @@ def gpunode_module(tmp_path_factory: pytest.TempPathFactory):
     return _runner(tmp_path_factory.mktemp("state"))
 
 
-# CI runs the suite on two workers (pytest-xdist; pyproject.toml's addopts): the lab's tests share
-# one lab and run one after another on one worker, the real-engine tests (images and Docker) share
-# their session-built images on the other; each unit test goes where there is room. The lab's
-# tests mostly wait on SSH and Ansible, the image builds mostly on PyPI and the disk, so the two
-# overlap instead of adding up. (xdist's own loadgroup cannot be used: its group suffix is lost
-# on pytest 9's node ids.)
+# CI runs the suite on three workers (pytest-xdist; pyproject.toml's addopts): the one-host lab
+# tests share the first lab site and run one after another on one worker, the fleet's tests
+# (test_fleet.py) on the fleet's own two sites on another, beside them; the real-engine tests
+# (images and Docker) share their session-built images on the third; each unit test goes where
+# there is room. The lab's tests mostly wait on SSH, Ansible and the servers, the image builds on
+# PyPI and the disk, so the three overlap on two cores instead of adding up. (xdist's own
+# loadgroup cannot be used: its group suffix is lost on pytest 9's node ids.)
 XDIST_GROUPS = {"lab": "lab", "image": "engine", "docker": "engine"}
+XDIST_FILE_GROUPS = {"lab/test_fleet.py": "fleet"}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in (its own node id: a group of one)."""
+    parts = nodeid.split("::", 1)[0].split("/", 2)
+    if len(parts) != 3 or parts[0] != "tests":
+        return nodeid
+    return XDIST_FILE_GROUPS.get(f"{parts[1]}/{parts[2]}") or XDIST_GROUPS.get(parts[1], nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown: not an error
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByFolder(LoadScopeScheduling):
+    class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/", 2)
-            return XDIST_GROUPS.get(parts[1], nodeid) if len(parts) == 3 and parts[0] == "tests" else nodeid
+            return xdist_group(nodeid)
 
-    return ByFolder(config, log)
+    return ByGroup(config, log)
 
 
 # ----------------------------------------------------------------------------- every case asserts

@@ -30,8 +30,8 @@ from gpunode.derive.serverspec import CONTAINER_NAME as SERVER_CONTAINER
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
-HOSTS = ("pve-lab", "pve-lab2")
-NODES = ("pve-lab-ct200", "pve-lab2-ct201")
+HOSTS = ("pve-lab1", "pve-lab2")
+NODES = ("pve-lab1-ct202", "pve-lab2-ct201")
 ALL = (*HOSTS, *NODES, "router")
 WORKER2 = "http://10.0.3.12:30000"
 
@@ -129,14 +129,14 @@ def test_both_hosts_and_the_router_converge_and_a_second_run_changes_nothing(con
         assert not summary["stats"].get("failures") and not summary["stats"].get("dark")
     assert _changed(second) == {}, second["stats"]["changed"]
     # Each host's stages ran on its own node, and the router took both as workers.
-    assert "worker pve-lab (http://10.0.3.10:30000): healthy" in converged["log"]
+    assert "worker pve-lab1 (http://10.0.3.14:30000): healthy" in converged["log"]
     assert f"worker pve-lab2 ({WORKER2}): healthy" in converged["log"]
     assert "PASS through the router: tool_call:" in converged["log"]
 
 
 def test_the_router_reads_every_workers_model(converged: dict[str, Any], router_api: RouterApi) -> None:
     # Each worker registered with the fleet's key: the router read its model, and lists that one only.
-    assert {w.url: w.model_id for w in router_api.workers()} == {"http://10.0.3.10:30000": "glm-5", WORKER2: "glm-5"}
+    assert {w.url: w.model_id for w in router_api.workers()} == {"http://10.0.3.14:30000": "glm-5", WORKER2: "glm-5"}
     assert _models(router_api) == ["glm-5"]
 
 
@@ -147,7 +147,7 @@ def test_check_reports_every_host_and_the_router(gpunode, converged: dict[str, A
     hosts = {r["host"] for r in report["results"] if r["status"] == "pass"}
     assert hosts == set(ALL)
     passed = {(r["host"], r["check"]) for r in report["results"] if r["status"] == "pass"}
-    assert {("router", "test_worker_healthy[pve-lab]"), ("router", "test_worker_healthy[pve-lab2]"),
+    assert {("router", "test_worker_healthy[pve-lab1]"), ("router", "test_worker_healthy[pve-lab2]"),
             ("router", "test_smoke_passed_through_the_router"), ("pve-lab2-ct201", "test_server_healthy"),
             ("pve-lab2", "test_container_exists")} <= passed
 
@@ -161,7 +161,7 @@ def test_the_bench_through_the_router_counts_each_workers_requests(gpunode, conv
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     for line in lines:
         workers = line["gpunode"]["workers"]
-        assert set(workers) == {"pve-lab (http://10.0.3.10:30000)", f"pve-lab2 ({WORKER2})"}
+        assert set(workers) == {"pve-lab1 (http://10.0.3.14:30000)", f"pve-lab2 ({WORKER2})"}
         # round_robin: every completed request (and the bench's warm-up one) went to one of the two, evenly.
         assert sum(workers.values()) == line["completed"] + 1 and min(workers.values()) >= line["completed"] // 2 - 1
     report = (out / "report.md").read_text()
@@ -169,8 +169,19 @@ def test_the_bench_through_the_router_counts_each_workers_requests(gpunode, conv
 
 
 def test_one_hosts_api_down_the_other_host_and_the_router_still_converge(
-        gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi) -> None:
-    # A second host whose API is down and whose server never came up (a host joining the fleet).
+        gpunode, converged: dict[str, Any], fleet: hostfile.HostFile, router_api: RouterApi,
+        fleet_sites_whole: Any) -> None:
+    # A second host whose API is down and whose server never came up (a host joining the fleet);
+    # no reading of the whole lab meanwhile (tests/lab/conftest.py).
+    with fleet_sites_whole():
+        _second_hosts_api_down(gpunode, router_api)
+    again = gpunode("provision", str(FLEET), "--limit", "pve-lab2", "--json", timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _summary(again)["failed_hosts"] == []
+    assert f"worker pve-lab2 ({WORKER2}): healthy" in again.stderr
+
+
+def _second_hosts_api_down(gpunode: Any, router_api: RouterApi) -> None:
     assert lab.stop_pve(lab.SITE2)
     try:
         assert _on_node2(f"docker rm -f {SERVER_CONTAINER}").returncode == 0
@@ -184,17 +195,13 @@ def test_one_hosts_api_down_the_other_host_and_the_router_still_converge(
             "unreachable: Proxmox API https://127.0.0.3:8006 unreachable")
         assert failures[("pve-lab2-ct201", "Stop this node when its Proxmox host did not finish a stage of this run")] \
             .startswith("not run: its Proxmox host pve-lab2 did not finish the container stage")
-        for host in ("pve-lab", "pve-lab-ct200", "router"):  # the rest went on, and converged
+        for host in ("pve-lab1", "pve-lab1-ct202", "router"):  # the rest went on, and converged
             assert summary["stats"]["ok"].get(host, 0) > 0 and host not in summary["stats"].get("failures", {})
         assert f"worker pve-lab2 ({WORKER2}): DOWN, left out: it does not answer" in result.stderr
         # The router serves with the one worker left.
         assert _chat(router_api, 6) == [200] * 6
     finally:
         lab.fakepve.ensure_pve(lambda _line: None, lab.SITE2)
-    again = gpunode("provision", str(FLEET), "--limit", "pve-lab2", "--json", timeout=900)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert _summary(again)["failed_hosts"] == []
-    assert f"worker pve-lab2 ({WORKER2}): healthy" in again.stderr
 
 
 def test_a_dead_worker_is_left_out_named_by_check_and_brought_back(
@@ -257,7 +264,8 @@ def test_a_worker_the_router_dropped_is_registered_again(gpunode, converged: dic
     assert (f"worker pve-lab2 ({WORKER2}): registered again (the router listed its model as 'unknown', "
             "not 'glm-5': it had no key to read it)") in mended.stderr
     assert _models(router_api) == ["glm-5"] and _model_of(router_api, WORKER2) == "glm-5"
-    running = subprocess.run(lab.ssh_command(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}"),
+    running = subprocess.run(lab.ssh_command(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}",
+                                             host=lab.SITE1.gpu.ip),
                              capture_output=True, text=True, timeout=60)
     assert running.stdout.strip() == "true"
 
@@ -285,21 +293,21 @@ def test_a_router_on_a_machine_of_its_own_reached_by_ssh(gpunode, converged: dic
         summary = _summary(first)
         assert set(_changed(summary)) == {"router"} and summary["failed_hosts"] == []  # the hosts only looked
         assert ", shipped" in first.stderr  # built here, sent to the machine's engine
-        assert "worker pve-lab (http://10.0.3.10:30000): healthy" in first.stderr
+        assert "worker pve-lab1 (http://10.0.3.14:30000): healthy" in first.stderr
         assert f"worker pve-lab2 ({WORKER2}): healthy" in first.stderr
         assert "PASS through the router: tool_call:" in first.stderr
         assert "SKIP through the router: bench: no bench runner given" in first.stderr
         running = _on_node2(f"docker inspect -f '{{{{.State.Running}}}}' {ROUTER_CONTAINER}")
         assert running.stdout.strip() == "true", running.stderr
         own_api = RouterApi(f"http://{own}:{data['router']['port']}", lab.FLEET_API_KEY.read_text().strip())
-        assert {w.url: w.healthy for w in own_api.workers()} == {"http://10.0.3.10:30000": True, WORKER2: True}
+        assert {w.url: w.healthy for w in own_api.workers()} == {"http://10.0.3.14:30000": True, WORKER2: True}
         again = gpunode("router", str(path), "--json", timeout=600)
         assert again.returncode == 0 and _changed(_summary(again)) == {}, again.stderr[-3000:]
         check = gpunode("check", str(path), "--layer", "router", "--json", timeout=300)
         results = json.loads(check.stdout)["results"]
         assert check.returncode == 0, [r for r in results if r["status"] == "fail"]
         assert {(r["host"], r["check"]) for r in results if r["status"] == "pass"} >= {
-            ("router", "test_worker_healthy[pve-lab]"), ("router", "test_worker_healthy[pve-lab2]"),
+            ("router", "test_worker_healthy[pve-lab1]"), ("router", "test_worker_healthy[pve-lab2]"),
             ("router", "test_smoke_passed_through_the_router")}
     finally:
         removed = _on_node2(f"docker rm -f {ROUTER_CONTAINER}; docker rmi {routed.image_tag}; "
@@ -383,8 +391,8 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
     plan = gpunode("plan", str(metrics), "--live", "--json", timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]
     foreseen = {h["name"]: h["forecast"] for h in json.loads(plan.stdout)["hosts"]}
-    assert {name: f["action"] for name, f in foreseen.items()} == {"pve-lab": "replaced", "pve-lab2": "replaced"}
-    assert foreseen["pve-lab"]["reason"] == "changed: command"
+    assert {name: f["action"] for name, f in foreseen.items()} == {"pve-lab1": "replaced", "pve-lab2": "replaced"}
+    assert foreseen["pve-lab1"]["reason"] == "changed: command"
     with Load(router_api) as load:
         result = gpunode("provision", str(metrics), "--json", timeout=1500)
     print(f"rolling change of both hosts: {load.said()}")
@@ -392,8 +400,8 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
     summary = _summary(result)
     roll = summary["roll"]
     print(json.dumps(roll["drained"], indent=1))
-    assert roll["mode"] == "rolling" and roll["batches"] == [["pve-lab"], ["pve-lab2"]] and roll["stopped_at"] == []
-    assert "rolling (a change restarts servers that serve through the router): pve-lab; then pve-lab2" in result.stderr
+    assert roll["mode"] == "rolling" and roll["batches"] == [["pve-lab1"], ["pve-lab2"]] and roll["stopped_at"] == []
+    assert "rolling (a change restarts servers that serve through the router): pve-lab1; then pve-lab2" in result.stderr
     for host in HOSTS:
         drained = roll["drained"][host]
         # Out of the router before its restart, nothing routed to it while out, nothing in flight at the
@@ -412,7 +420,7 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
 
     # The second host's change breaks its server: the roll stops there, the first host serves the new settings.
     broken = _fleet_with(tmp_path, "fleet-broken.yml", {
-        "pve-lab": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
+        "pve-lab1": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
         "pve-lab2": {"flags": {"--enable-metrics-for-all-schedulers": True, "--mem-fraction-static": 0.05}}})
     with Load(router_api) as load:
         stopped = gpunode("provision", str(broken), "--json", timeout=1500)
@@ -420,12 +428,12 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
     assert stopped.returncode == 1, stopped.stderr[-4000:]
     summary = _summary(stopped)
     assert summary["failed_hosts"] == ["pve-lab2"] and summary["roll"]["stopped_at"] == ["pve-lab2"]
-    assert summary["roll"]["drained"]["pve-lab"]["restored"] and "pve-lab2" in summary["roll"]["drained"]
-    assert summary["roll"]["drained"]["pve-lab"]["in_flight"] == 0
-    assert ("rolling: stopped at pve-lab2: left out of the router; pve-lab changed and serving again; the hosts after "
+    assert summary["roll"]["drained"]["pve-lab1"]["restored"] and "pve-lab2" in summary["roll"]["drained"]
+    assert summary["roll"]["drained"]["pve-lab1"]["in_flight"] == 0
+    assert ("rolling: stopped at pve-lab2: left out of the router; pve-lab1 changed and serving again; the hosts after "
             "it were not touched") in stopped.stderr
     assert "Not enough memory" in stopped.stderr
-    assert {w.url: w.healthy for w in router_api.workers()} == {"http://10.0.3.10:30000": True}
+    assert {w.url: w.healthy for w in router_api.workers()} == {"http://10.0.3.14:30000": True}
     assert load.failed() == [], load.said()
     assert _chat(router_api, 4) == [200] * 4
 
@@ -433,11 +441,11 @@ def test_a_change_that_restarts_every_server_rolls_one_host_at_a_time_and_every_
     # back and joins the router again, and the first, rolled in the run before, changes nothing (a
     # roll leaves its hosts converged: a second run after it is idle for them).
     mended_file = _fleet_with(tmp_path, "fleet-mended.yml", {
-        "pve-lab": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
+        "pve-lab1": {"flags": {"--enable-metrics-for-all-schedulers": True, "--max-running-requests": 512}},
         "pve-lab2": {"flags": {"--enable-metrics-for-all-schedulers": True}}})
     mended = gpunode("provision", str(mended_file), "--json", timeout=1500)
     assert mended.returncode == 0, mended.stderr[-4000:]
     changed = _changed(_summary(mended))
-    assert "pve-lab2-ct201" in changed and not {"pve-lab", "pve-lab-ct200"} & set(changed), changed
+    assert "pve-lab2-ct201" in changed and not {"pve-lab1", "pve-lab1-ct202"} & set(changed), changed
     _wait_router_sees(router_api, WORKER2, healthy=True)
     assert _chat(router_api, 4) == [200] * 4

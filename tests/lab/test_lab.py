@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.error
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,14 +118,15 @@ def test_https_from_container_trusts_host_ca() -> None:
 
 
 def test_known_hosts_pins_every_containers_key() -> None:
-    """Both sites' host and GPU containers (the fleet's second site too), each with its own key."""
+    """Every site's host and GPU containers (the fleet's sites too), each with its own key."""
     lines = [line.split() for line in lab.KNOWN_HOSTS.read_text().splitlines()]
     expected = []
-    for ct in (lab.GPU_CONTAINER, lab.HOST_CONTAINER, lab.SITE2.gpu, lab.SITE2.host):
+    assert lab.LAB_CONTAINERS[:2] == (lab.GPU_CONTAINER, lab.HOST_CONTAINER) and len(lab.LAB_CONTAINERS) == 6
+    for ct in lab.LAB_CONTAINERS:
         hostkey = (ct.rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
         expected.append([ct.ip, *hostkey[:2]])
     assert lines == expected
-    assert len({line[2] for line in lines}) == 4
+    assert len({line[2] for line in lines}) == 6
     assert _ssh("true").returncode == 0
     assert _host_ssh("true").returncode == 0
     for site in lab.SITES[1:]:
@@ -228,8 +230,9 @@ def test_config_block() -> None:
     assert f"lxc.net.0.ipv4.address = {lab.CONTAINER_IP}/24\n" in config
 
 
-def test_status_reports_everything(lab_status: dict[str, object]) -> None:
-    st = lab.status()
+def test_status_reports_everything(lab_status: dict[str, object], fleet_sites_whole: Any) -> None:
+    with fleet_sites_whole():
+        st = lab.status()
     assert st["up"] is True and st["dockerd"] is True and st["iptables"] is True and st["ssh"] is True
     assert st["bridge"] == {"name": lab.BRIDGE, "present": True, "address": lab.BRIDGE_CIDR, "up": True}
     assert st["container"]["state"] == "RUNNING"  # type: ignore[index]
@@ -244,7 +247,12 @@ def test_status_reports_everything(lab_status: dict[str, object]) -> None:
     json.dumps(st)
 
 
-def test_second_up_is_fast_and_changes_nothing() -> None:
+def test_second_up_is_fast_and_changes_nothing(fleet_sites_whole: Any) -> None:
+    with fleet_sites_whole():
+        _second_up_is_fast_and_changes_nothing()
+
+
+def _second_up_is_fast_and_changes_nothing() -> None:
     config = lab.CONTAINER_CONFIG.read_text()
     host_config = lab.HOST_CONTAINER.config.read_text()
     known_hosts = lab.KNOWN_HOSTS.read_text()

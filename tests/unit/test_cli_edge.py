@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventory" / "lab" / "host.yml"
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
 STAGES = ", ".join(STAGE_NAMES)
-FLEET_NAMES = "pve-lab, pve-lab2, pve-lab-ct200, pve-lab2-ct201, router"
+FLEET_NAMES = "pve-lab1, pve-lab2, pve-lab1-ct202, pve-lab2-ct201, router"
 
 
 class Reached(Exception):
@@ -97,8 +97,8 @@ def test_good_names_reach_the_playbook(tripwires: list[dict[str, Any]]) -> None:
     assert tripwires[0]["limit"] == "pve-lab2,pve-lab2-ct201,router" and tripwires[0]["stages"] == ["host"]
     # --tags after --from's stage go together; a GPU node's own name is a --limit too.
     assert isinstance(gpunode("provision", FLEET, "--tags", "node, p2p", "--from", "container", "--limit",
-                              "pve-lab-ct200").exception, Reached)
-    assert tripwires[1]["limit"] == "pve-lab-ct200" and tripwires[1]["stages"] == ["node", "p2p"]
+                              "pve-lab1-ct202").exception, Reached)
+    assert tripwires[1]["limit"] == "pve-lab1-ct202" and tripwires[1]["stages"] == ["node", "p2p"]
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -132,10 +132,10 @@ def test_bench_levels_are_whole_numbers(value: str) -> None:
                                      ["bench"]])
 def test_host_names_a_host_of_the_file(command: list[str]) -> None:
     assert refused(*command, FLEET, "--host", "nope") == (
-        f"{FLEET}: --host 'nope': no such host in the file; name one host with --host (pve-lab, pve-lab2)")
+        f"{FLEET}: --host 'nope': no such host in the file; name one host with --host (pve-lab1, pve-lab2)")
     assert refused(*command, FLEET, "--host", "") == (
-        f"{FLEET}: --host '': an empty name; name one host with --host (pve-lab, pve-lab2)")
-    assert refused(*command, FLEET) == f"{FLEET}: name one host with --host (pve-lab, pve-lab2)"
+        f"{FLEET}: --host '': an empty name; name one host with --host (pve-lab1, pve-lab2)")
+    assert refused(*command, FLEET) == f"{FLEET}: name one host with --host (pve-lab1, pve-lab2)"
 
 
 # -- flags that cannot go together --------------------------------------------------------------

@@ -13,11 +13,12 @@ import yaml
 
 from gpunode import derive, inventory
 from gpunode.checks.run import check_groups
-from gpunode.hostfile import HostFile, HostFileError, load
+from gpunode.hostfile import HostFile, load
 from gpunode.derive.plan import router_plan
 from gpunode.derive import routerimage as router_image
 from gpunode.derive import routerspec as router_spec
 from gpunode.runner import failed_hosts
+from fakes.refusals import problems  # tests/ is on the path (tests/unit/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
@@ -36,29 +37,23 @@ def variant(tmp_path: Path, change) -> Path:
     return path
 
 
-def problems(path: Path) -> list[str]:
-    with pytest.raises(HostFileError) as caught:
-        load(path)
-    return [line.removeprefix(f"{path}: ") for line in caught.value.problems]
-
-
 def test_the_lab_fleet_is_two_hosts_and_a_router_on_the_first(fleet: HostFile) -> None:
-    assert [h.name for h in fleet.hosts] == ["pve-lab", "pve-lab2"]
+    assert [h.name for h in fleet.hosts] == ["pve-lab1", "pve-lab2"]
     assert fleet.router is not None and fleet.router_host is fleet.hosts[0]
-    assert [h.api.url for h in fleet.hosts] == ["https://127.0.0.2:8006", "https://127.0.0.3:8006"]
+    assert [h.api.url for h in fleet.hosts] == ["https://127.0.0.4:8006", "https://127.0.0.3:8006"]
 
 
 def test_the_router_is_derived_once_with_every_host_as_a_worker(fleet: HostFile) -> None:
     derived = derive.derive_router(fleet)
     assert derived is not None
     assert [(w.host, w.node, w.url) for w in derived.workers] == [
-        ("pve-lab", "pve-lab-ct200", "http://10.0.3.10:30000"), ("pve-lab2", "pve-lab2-ct201", "http://10.0.3.12:30000")]
+        ("pve-lab1", "pve-lab1-ct202", "http://10.0.3.14:30000"), ("pve-lab2", "pve-lab2-ct201", "http://10.0.3.12:30000")]
     argv = list(derived.argv)
     assert argv[argv.index("--worker-urls") + 1:argv.index("--policy=round_robin")] == [w.url for w in derived.workers]
     # Every other value inside its flag's own argument; the key comes from a file inside the container.
     assert [a for a in argv if not a.startswith("--")] == [w.url for w in derived.workers]
     assert not [a for a in argv if a.startswith("--api-key")]
-    assert derived.reach.address == "10.0.3.10" and derived.url == "http://10.0.3.10:30080"
+    assert derived.reach.address == "10.0.3.14" and derived.url == "http://10.0.3.14:30080"
     assert derived.image_tag.startswith("gpunode/sglang-router:0.3.2-")
     assert derived.bench_image == derive.server_image(fleet.hosts[0]) and derived.model_dir == "/models/GLM-5-NVFP4"
 
@@ -72,9 +67,9 @@ def test_the_inventory_carries_the_router_as_data_once(fleet: HostFile) -> None:
     built = inventory.build(fleet, {("router", "api_key"): key})
     children = built["all"]["children"]
     assert sorted(children) == ["gpu_nodes", "pve_hosts", "routers"]
-    assert sorted(children["gpu_nodes"]["hosts"]) == ["pve-lab-ct200", "pve-lab2-ct201"]
+    assert sorted(children["gpu_nodes"]["hosts"]) == ["pve-lab1-ct202", "pve-lab2-ct201"]
     router = children["routers"]["hosts"]["router"]
-    assert router["ansible_host"] == "10.0.3.10"
+    assert router["ansible_host"] == "10.0.3.14"
     assert set(k for k in router if k.startswith("gpunode_")) == {"gpunode_router", "gpunode_derived", "gpunode_secrets"}
     assert router["gpunode_derived"] == derive.derive_router(fleet).model_dump(mode="json")
     assert router["gpunode_secrets"] == {"api_key_file": str(key)}
@@ -98,22 +93,22 @@ def test_the_recap_names_failed_hosts_in_the_files_words(fleet: HostFile) -> Non
 
 def test_checks_run_per_host_and_for_the_router(fleet: HostFile) -> None:
     assert check_groups(fleet, ["host", "router"]) == [
-        ("pve-lab", ["pve-lab", "pve-lab-ct200"]), ("pve-lab2", ["pve-lab2", "pve-lab2-ct201"]), ("router", ["router"])]
+        ("pve-lab1", ["pve-lab1", "pve-lab1-ct202"]), ("pve-lab2", ["pve-lab2", "pve-lab2-ct201"]), ("router", ["router"])]
     assert check_groups(fleet, ["router"]) == [("router", ["router"])]
-    assert check_groups(fleet, ["node"]) == [("pve-lab", ["pve-lab", "pve-lab-ct200"]), ("pve-lab2", ["pve-lab2", "pve-lab2-ct201"])]
+    assert check_groups(fleet, ["node"]) == [("pve-lab1", ["pve-lab1", "pve-lab1-ct202"]), ("pve-lab2", ["pve-lab2", "pve-lab2-ct201"])]
 
 
 def test_plan_shows_the_router(fleet: HostFile) -> None:
     shown = router_plan(fleet)
     assert shown is not None
-    assert [w["url"] for w in shown["workers"]] == ["http://10.0.3.10:30000", "http://10.0.3.12:30000"]
-    assert "--api-key from the key file" in shown["command"] and "pve-lab's GPU node" in shown["runs_on"]
+    assert [w["url"] for w in shown["workers"]] == ["http://10.0.3.14:30000", "http://10.0.3.12:30000"]
+    assert "--api-key from the key file" in shown["command"] and "pve-lab1's GPU node" in shown["runs_on"]
     assert router_plan(load(ROOT / "inventory" / "lab" / "host.yml")) is None
 
 
 @pytest.mark.parametrize(("name", "change", "expected"), [
     ("unknown-host", lambda d: d["router"].update(runs_on="pve-nope"),
-     r"^router\.runs_on: 'pve-nope' is not a host of this file \(pve-lab, pve-lab2\) \(line \d+\)$"),
+     r"^router\.runs_on: 'pve-nope' is not a host of this file \(pve-lab1, pve-lab2\) \(line \d+\)$"),
     ("loopback-server", lambda d: [d["hosts"][1]["server"].update(bind="127.0.0.1")],
      r"^hosts\[1\]\.server\.bind: 127\.0\.0\.1: the router cannot reach a server on loopback"),
     ("other-key", lambda d: d["hosts"][1]["server"].update(api_key={"env": "OTHER_KEY"}),
@@ -121,7 +116,7 @@ def test_plan_shows_the_router(fleet: HostFile) -> None:
     ("other-model", lambda d: d["hosts"][1]["model"].update(served_name="glm-x"),
      r"^hosts\[1\]\.model\.served_name: 'glm-x': the router serves one model, and hosts\[0\] serves 'glm-5'"),
     ("port-taken", lambda d: d["router"].update(port=30000),
-     r"^router\.port: 30000 is taken on pve-lab's node by its server"),
+     r"^router\.port: 30000 is taken on pve-lab1's node by its server"),
     ("exposed-without-key", lambda d: [d["router"].pop("api_key")] + [h["server"].pop("api_key") for h in d["hosts"]],
      r"^router: bind 0\.0\.0\.0 is reachable from other machines: set api_key"),
     ("manual-policy", lambda d: d["router"].update(policy="manual"), r"^router\.policy: must be "),
@@ -137,14 +132,14 @@ def test_a_bad_router_is_one_line_naming_where(tmp_path: Path, name: str, change
 
 def test_a_bare_on_key_says_what_yaml_made_of_it(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yml"
-    path.write_text(FLEET.read_text().replace("  runs_on: pve-lab", "  on: pve-lab"))
+    path.write_text(FLEET.read_text().replace("  runs_on: pve-lab1", "  on: pve-lab1"))
     found = problems(path)
     # YAML 1.2 (gpunode.ground.yamlsource) reads 'on' as text, no longer as true: an unknown key, with its fix.
     assert any("router.on: unknown key (did you mean 'runs_on'?)" in line for line in found), found
 
 
 def test_the_router_container_never_holds_the_key_and_is_labelled_as_gpunodes() -> None:
-    argv = router_spec.router_argv(30080, ["http://10.0.3.10:30000"], "cache_aware", 10)
+    argv = router_spec.router_argv(30080, ["http://10.0.3.14:30000"], "cache_aware", 10)
     spec = router_spec.container_spec(image="gpunode/sglang-router:x", argv=argv, bind="0.0.0.0", port=30080,
                                       metrics_port=29000)
     assert spec["labels"]["io.gpunode.role"] == router_spec.ROLE
@@ -179,7 +174,7 @@ def test_the_recap_says_which_hosts_to_re_run() -> None:
     from gpunode.runner import Failure, RunSummary, print_recap
 
     summary = RunSummary("id", "failed", 2, 1, ["host"], False, None,
-                         {"ok": {"pve-lab": 3, "pve-lab2": 1}, "failures": {"pve-lab2": 1}},
+                         {"ok": {"pve-lab1": 3, "pve-lab2": 1}, "failures": {"pve-lab2": 1}},
                          [Failure("pve-lab2", "Converge the GPU container", "unreachable: Proxmox API down")],
                          failed_hosts=["pve-lab2"])
     out = io.StringIO()

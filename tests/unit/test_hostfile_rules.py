@@ -495,10 +495,10 @@ def fleet(change) -> str:
 
 
 def test_a_router_at_a_nodes_address_shares_its_ports(tmp_path: Path) -> None:
-    """runs_on an SSH address that is pve-lab's node: the same machine as runs_on: pve-lab."""
-    text = fleet(lambda d: d["router"].update(runs_on={"address": "10.0.3.10"}, port=30000))
+    """runs_on an SSH address that is pve-lab1's node: the same machine as runs_on: pve-lab1."""
+    text = fleet(lambda d: d["router"].update(runs_on={"address": "10.0.3.14"}, port=30000))
     assert refused(tmp_path, text) == (
-        f"router.port: 30000 is taken on pve-lab's node by its server (line {line(text, 'port: 30000', after='router:')})")
+        f"router.port: 30000 is taken on pve-lab1's node by its server (line {line(text, 'port: 30000', after='router:')})")
 
 
 def test_the_router_port_is_not_its_machines_ssh_port(tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ from gpunode import inventory
 from gpunode.derive import derive, derive_for, monitorspec
 from gpunode.derive.plan import make_plan
 from gpunode.derive.serverspec import LABEL_CONFIG, LABEL_HASH, LABEL_ROLE
-from gpunode.hostfile import HostFileError, load
+from gpunode.hostfile import load
 from gpunode.stages.monitor import stage
 from gpunode.stages.serve import docker_run
+from fakes.refusals import problems  # tests/ is on the path (tests/unit/conftest.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.ci import debian_tool  # noqa: E402 - tests/ put on the path just above
@@ -40,12 +41,6 @@ def with_monitor(tmp_path: Path, monitor: Any, source: Path = LAB_HOST, index: i
     path = tmp_path / source.name
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def problems(path: Path) -> list[str]:
-    with pytest.raises(HostFileError) as caught:
-        load(path)
-    return [line.removeprefix(f"{path}: ") for line in caught.value.problems]
 
 
 @pytest.mark.parametrize(("monitor", "expected"), [
@@ -107,7 +102,7 @@ def test_the_servers_port_and_the_routers_are_not_the_monitors(tmp_path: Path) -
     data = yaml.safe_load(fleet.read_text())
     data["router"]["metrics_port"] = 9100
     fleet.write_text(yaml.safe_dump(data))
-    assert any(re.search(r"^router\.metrics_port: 9100 is taken on pve-lab's node by node-exporter", line)
+    assert any(re.search(r"^router\.metrics_port: 9100 is taken on pve-lab1's node by node-exporter", line)
                for line in problems(fleet)), problems(fleet)
 
 
@@ -130,10 +125,15 @@ def test_derive_scrapes_the_nodes_own_targets_and_the_router_where_it_runs(tmp_p
     assert first.defaults["prometheus"] == ("ARGS='--web.listen-address=127.0.0.1:9090 "
                                             "--storage.tsdb.retention.time=15d'\n")
     assert "--cluster.listen-address=" in first.defaults["prometheus-alertmanager"]
-    # The weights' mount is the store the rule watches.
-    node_job = next(job for job in first.prometheus["scrape_configs"] if job["job_name"] == "node")
-    relabel = node_job["metric_relabel_configs"][0]
-    assert re.fullmatch(relabel["regex"], "/models/GLM-5-NVFP4") and relabel["replacement"] == "model"
+    # The weights' mount is the store the rule watches: the node's own root for weights kept in the
+    # node (the fleet's), the store's mount for weights fetched into the host's store (the lab host's).
+    def store_relabel(plan: Any) -> dict[str, Any]:
+        node_job = next(job for job in plan.prometheus["scrape_configs"] if job["job_name"] == "node")
+        return node_job["metric_relabel_configs"][0]  # type: ignore[no-any-return]
+    assert re.fullmatch(store_relabel(first)["regex"], "/") and store_relabel(first)["replacement"] == "model"
+    one = load(with_monitor(tmp_path, {"alerts": WEBHOOK}))
+    relabel = store_relabel(derive_for(one, one.hosts[0]).monitor)
+    assert re.fullmatch(relabel["regex"], "/models/GLM-5-NVFP4") and not re.fullmatch(relabel["regex"], "/")
     # The host without a monitor: section has none; the router is scraped only where it runs.
     assert derive_for(fleet, fleet.hosts[1]).monitor is None
 

@@ -266,15 +266,15 @@ def test_addresses_no_node_can_be_reached_at_are_refused(tmp_path: Path, network
 
 
 FLEET = ROOT / "inventory" / "lab" / "fleet.yml"
-LAB_NETWORK = "        ip: 10.0.3.10/24\n        gateway: 10.0.3.1\n"  # the fleet's first host
+LAB_NETWORK = "        ip: 10.0.3.14/24\n        gateway: 10.0.3.1\n"  # the fleet's first host
 
 
 def ipv6_fleet(tmp_path: Path, bind: str) -> Path:
     """The lab fleet with its first node IPv6-only (reached at 2001:db8::10) and that server's bind."""
     text = FLEET.read_text()
-    assert LAB_NETWORK in text and text.count("        address: 10.0.3.10\n") == 1
+    assert LAB_NETWORK in text and text.count("        address: 10.0.3.14\n") == 1
     text = text.replace(LAB_NETWORK, "        ip: none\n        ip6: 2001:db8::10/64\n", 1)
-    text = text.replace("        address: 10.0.3.10\n", "        address: 2001:db8::10\n", 1)
+    text = text.replace("        address: 10.0.3.14\n", "        address: 2001:db8::10\n", 1)
     text = text.replace("      bind: 0.0.0.0                   # the router reaches it from another node",
                         f"      bind: '{bind}'", 1)
     path = tmp_path / "fleet.yml"
@@ -286,7 +286,7 @@ def test_an_ipv6_only_worker_must_listen_on_ipv6_and_is_reached_in_brackets(tmp_
     with pytest.raises(hostfile.HostFileError) as caught:
         hostfile.load(ipv6_fleet(tmp_path, "0.0.0.0"))
     assert [problem.split(": ", 1)[1].split(" (line")[0] for problem in caught.value.problems] == [
-        "hosts[0].server.bind: 0.0.0.0 listens on IPv4 only, and the router reaches pve-lab's node at 2001:db8::10: "
+        "hosts[0].server.bind: 0.0.0.0 listens on IPv4 only, and the router reaches pve-lab1's node at 2001:db8::10: "
         "bind '::'"]
     fleet = hostfile.load(ipv6_fleet(tmp_path, "::"))
     router = derive.derive_router(fleet)

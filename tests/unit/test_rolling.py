@@ -119,7 +119,7 @@ URL = "http://10.0.3.12:30000"
 
 def _router(**kwargs: Any) -> FakeRouter:
     return FakeRouter({URL: RouterWorker("w2", URL, True, "glm-5"),
-                       "http://10.0.3.10:30000": RouterWorker("w1", "http://10.0.3.10:30000", True, "glm-5")},
+                       "http://10.0.3.14:30000": RouterWorker("w1", "http://10.0.3.14:30000", True, "glm-5")},
                       routed={URL: 41}, **kwargs)
 
 
@@ -279,35 +279,35 @@ SERVING = "host,container,node,model,image,serve,smoke"
 def test_a_roll_drains_changes_and_returns_each_host_before_the_next(
         monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter], fleet: hostfile.HostFile) -> None:
     events, _router = runs
-    _decided(monkeypatch, {"pve-lab": "changed: command", "pve-lab2": "changed: command"})
+    _decided(monkeypatch, {"pve-lab1": "changed: command", "pve-lab2": "changed: command"})
     console = Console(file=io.StringIO(), width=300)
     summary, roll = rolling.run(fleet, STAGES, None, None, False, _provision(events), console)
-    assert events == ["run model,image on pve-lab,pve-lab2",
-                      "drain pve-lab", f"run {SERVING} on pve-lab", "back pve-lab",
+    assert events == ["run model,image on pve-lab1,pve-lab2",
+                      "drain pve-lab1", f"run {SERVING} on pve-lab1", "back pve-lab1",
                       "drain pve-lab2", f"run {SERVING} on pve-lab2", "back pve-lab2",
                       "run router on router"]
     assert summary.exit_code == 0 and summary.failed_hosts == [] and roll.stopped_at == []
-    assert roll.as_dict()["batches"] == [["pve-lab"], ["pve-lab2"]] and roll.mode == "rolling"
+    assert roll.as_dict()["batches"] == [["pve-lab1"], ["pve-lab2"]] and roll.mode == "rolling"
     # Stats of the runs added up per host: two runs touched each host.
-    assert summary.stats["changed"] == {"pve-lab": 2, "pve-lab2": 2, "router": 1}
+    assert summary.stats["changed"] == {"pve-lab1": 2, "pve-lab2": 2, "router": 1}
     said = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "forecast: pve-lab restarts its server (changed: command)" in said
-    assert "rolling (a change restarts servers that serve through the router): pve-lab; then pve-lab2" in said
+    assert "forecast: pve-lab1 restarts its server (changed: command)" in said
+    assert "rolling (a change restarts servers that serve through the router): pve-lab1; then pve-lab2" in said
 
 
 def test_a_failing_host_stops_the_roll_stays_out_and_is_named(
         monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter], tmp_path: Path) -> None:
     events, _router = runs
     fleet = _fleet_of(tmp_path, 3)
-    _decided(monkeypatch, {name: "changed: command" for name in ("pve-lab", "pve-lab2", "pve-lab3")})
+    _decided(monkeypatch, {name: "changed: command" for name in ("pve-lab1", "pve-lab2", "pve-lab3")})
     console = Console(file=io.StringIO(), width=300)
     summary, roll = rolling.run(fleet, STAGES, None, None, False, _provision(events, {"pve-lab2"}), console)
-    assert events == ["run model,image on pve-lab,pve-lab2,pve-lab3",
-                      "drain pve-lab", f"run {SERVING} on pve-lab", "back pve-lab",
+    assert events == ["run model,image on pve-lab1,pve-lab2,pve-lab3",
+                      "drain pve-lab1", f"run {SERVING} on pve-lab1", "back pve-lab1",
                       "drain pve-lab2", f"run {SERVING} on pve-lab2"]  # not put back; pve-lab3 untouched; no router run
     assert summary.exit_code == 1 and summary.failed_hosts == ["pve-lab2"] and roll.stopped_at == ["pve-lab2"]
     said = console.file.getvalue()  # type: ignore[attr-defined]
-    assert ("rolling: stopped at pve-lab2: left out of the router; pve-lab changed and serving again; the hosts after "
+    assert ("rolling: stopped at pve-lab2: left out of the router; pve-lab1 changed and serving again; the hosts after "
             "it were not touched") in said
 
 
@@ -315,10 +315,10 @@ def test_a_batch_within_its_fail_percentage_goes_on(monkeypatch: pytest.MonkeyPa
                                                    runs: tuple[list[str], FakeRouter], tmp_path: Path) -> None:
     events, _router = runs
     fleet = _fleet_of(tmp_path, 4, batch=2, max_fail_percent=50)
-    _decided(monkeypatch, {name: "changed: image" for name in ("pve-lab", "pve-lab2", "pve-lab3", "pve-lab4")})
+    _decided(monkeypatch, {name: "changed: image" for name in ("pve-lab1", "pve-lab2", "pve-lab3", "pve-lab4")})
     summary, roll = rolling.run(fleet, STAGES, None, None, False, _provision(events, {"pve-lab2"}),
                                 Console(file=io.StringIO()))
-    assert events[1:] == ["drain pve-lab", "drain pve-lab2", f"run {SERVING} on pve-lab,pve-lab2", "back pve-lab",
+    assert events[1:] == ["drain pve-lab1", "drain pve-lab2", f"run {SERVING} on pve-lab1,pve-lab2", "back pve-lab1",
                           "drain pve-lab3", "drain pve-lab4", f"run {SERVING} on pve-lab3,pve-lab4", "back pve-lab3",
                           "back pve-lab4", "run router on router"]
     assert summary.exit_code == 1 and summary.failed_hosts == ["pve-lab2"] and roll.stopped_at == []
@@ -327,12 +327,12 @@ def test_a_batch_within_its_fail_percentage_goes_on(monkeypatch: pytest.MonkeyPa
 def test_a_host_the_router_does_not_see_healthy_again_counts_as_failed(
         monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter], fleet: hostfile.HostFile) -> None:
     events, router = runs
-    router.calls.append("pve-lab")  # the fake's restore: pve-lab does not come back healthy
-    _decided(monkeypatch, {"pve-lab": "changed: command", "pve-lab2": "changed: command"})
+    router.calls.append("pve-lab1")  # the fake's restore: pve-lab1 does not come back healthy
+    _decided(monkeypatch, {"pve-lab1": "changed: command", "pve-lab2": "changed: command"})
     summary, roll = rolling.run(fleet, STAGES, None, None, False, _provision(events),
                                 Console(file=io.StringIO()))
-    assert events[-1] == "back pve-lab" and roll.stopped_at == ["pve-lab"]
-    assert summary.exit_code == 1 and summary.failed_hosts == ["pve-lab"]
+    assert events[-1] == "back pve-lab1" and roll.stopped_at == ["pve-lab1"]
+    assert summary.exit_code == 1 and summary.failed_hosts == ["pve-lab1"]
 
 
 def test_hosts_that_keep_their_servers_go_first_together_and_the_others_roll(
@@ -341,23 +341,23 @@ def test_hosts_that_keep_their_servers_go_first_together_and_the_others_roll(
     fleet = _fleet_of(tmp_path, 3)
     _decided(monkeypatch, {"pve-lab3": "changed: environment"})
     rolling.run(fleet, STAGES, None, None, False, _provision(events), Console(file=io.StringIO()))
-    assert events == ["run model,image on pve-lab3", f"run {SERVING} on pve-lab,pve-lab2",
+    assert events == ["run model,image on pve-lab3", f"run {SERVING} on pve-lab1,pve-lab2",
                       "drain pve-lab3", f"run {SERVING} on pve-lab3", "back pve-lab3", "run router on router"]
 
 
 def test_a_failure_while_preparing_stops_the_roll_before_any_drain(
         monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter], fleet: hostfile.HostFile) -> None:
     events, _router = runs
-    _decided(monkeypatch, {"pve-lab": "changed: image", "pve-lab2": "changed: image"})
+    _decided(monkeypatch, {"pve-lab1": "changed: image", "pve-lab2": "changed: image"})
     summary, roll = rolling.run(fleet, STAGES, None, None, False, _provision(events, {"pve-lab2"}, "image"),
                                 Console(file=io.StringIO()))
-    assert events == ["run model,image on pve-lab,pve-lab2"]
+    assert events == ["run model,image on pve-lab1,pve-lab2"]
     assert summary.exit_code == 1 and roll.stopped_at == ["pve-lab2"]
 
 
 @pytest.mark.parametrize(("mode", "restarting", "why"), [
     (None, {}, "no serving host's server restarts"),
-    (False, {"pve-lab": "changed: command"}, "--all-at-once"),
+    (False, {"pve-lab1": "changed: command"}, "--all-at-once"),
 ])
 def test_no_roll_is_one_run_as_always(monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter],
                                       fleet: hostfile.HostFile, mode: bool | None, restarting: dict[str, str],
@@ -375,7 +375,7 @@ def test_rolling_takes_every_serving_host_whatever_the_forecast(
     _decided(monkeypatch, {})
     _summary_, roll = rolling.run(fleet, STAGES, None, True, False, _provision(events),
                                   Console(file=io.StringIO()))
-    assert roll.why == "--rolling" and roll.as_dict()["batches"] == [["pve-lab"], ["pve-lab2"]]
+    assert roll.why == "--rolling" and roll.as_dict()["batches"] == [["pve-lab1"], ["pve-lab2"]]
 
 
 def test_nothing_serving_yet_is_one_run(monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter],
@@ -390,7 +390,7 @@ def test_nothing_serving_yet_is_one_run(monkeypatch: pytest.MonkeyPatch, runs: t
 def test_only_the_hosts_of_the_limit_roll(monkeypatch: pytest.MonkeyPatch, runs: tuple[list[str], FakeRouter],
                                           fleet: hostfile.HostFile) -> None:
     events, _router = runs
-    _decided(monkeypatch, {"pve-lab": "changed: command", "pve-lab2": "changed: command"})
+    _decided(monkeypatch, {"pve-lab1": "changed: command", "pve-lab2": "changed: command"})
     rolling.run(fleet, STAGES, "pve-lab2", None, False, _provision(events), Console(file=io.StringIO()))
     assert events[:3] == ["run model,image on pve-lab2", "drain pve-lab2", f"run {SERVING} on pve-lab2"]
 
@@ -418,7 +418,7 @@ def test_plan_says_the_roll_order_and_what_a_restart_does(tmp_path: Path) -> Non
 
     fleet = _fleet_of(tmp_path, 3, batch=2, max_fail_percent=50, drain_timeout_s=60)
     rolling_plan = plan.router_plan(fleet)["rolling"]
-    assert rolling_plan["order"] == [["pve-lab", "pve-lab2"], ["pve-lab3"]]
+    assert rolling_plan["order"] == [["pve-lab1", "pve-lab2"], ["pve-lab3"]]
     assert (rolling_plan["batch"], rolling_plan["max_fail_percent"], rolling_plan["drain_timeout_s"]) == (2, 50, 60)
     assert plan.make_plan(fleet)[0].server["restart"].startswith("a change that restarts this server goes through the roll")
     one = hostfile.load(ROOT / "inventory" / "example" / "host.yml")

@@ -16,9 +16,10 @@
 * the lab's Hub (``hub``, run as a systemd service by ``hubservice``) on ``gpunode-lab-host``'s loopback,
   serving a checkpoint made by ``checkpoint``, which inventory/lab/host.yml fetches into the store
   /srv/gpunode-models on that host;
-* a second site for the fleet (inventory/lab/fleet.yml): another Proxmox host stand-in
-  ``gpunode-lab-host2`` (10.0.3.13) with its own fakepve on https://127.0.0.3:8006 and GPU node
-  ``gpunode-lab2`` (10.0.3.12), and the API key the fleet's servers and router share.
+* two more sites for the fleet (inventory/lab/fleet.yml), each another Proxmox host stand-in with its
+  own fakepve and GPU node: pve-lab1 (``gpunode-lab-host1`` 10.0.3.15, https://127.0.0.4:8006,
+  ``gpunode-lab1`` 10.0.3.14) and pve-lab2 (``gpunode-lab-host2`` 10.0.3.13, https://127.0.0.3:8006,
+  ``gpunode-lab2`` 10.0.3.12), and the API key the fleet's servers and router share.
 
 `down()` takes it apart again; `status()` reports what is there. Failures raise `LabError` with
 a one-line message naming what failed and how to fix it.
@@ -43,7 +44,7 @@ from gpunode_lab.contract import (
     HOST_CONTAINER_IP, HOST_CONTAINER_NAME, HOST_DRIVER_LAYOUT, HOST_ROOTFS, IPTABLES_COMMENT, KNOWN_HOSTS,
     LAB_CONTAINERS, LAB_DIR, LAB_GPU_COUNT, LAB_HOST_FACTS_ROOT, LAB_SUBNET, LXC_PATH, NVIDIA_MAJOR, PVE_CA,
     PVE_HOST, PVE_MODULE, PVE_MOUNTS, PVE_NODE, PVE_PASSWORD_FILE, PVE_PID_FILE, PVE_PORT, PVE_URL, PVE_USER,
-    FLEET_API_KEY, RECORDED, ROOTFS, SITE, SITE2, SITES, STANDIN, UVM_MAJOR_FILE, LabContainer, LabError, LabInfo,
+    FLEET_API_KEY, RECORDED, ROOTFS, FLEET_SITES, SITE, SITE1, SITE2, SITES, STANDIN, UVM_MAJOR_FILE, LabContainer, LabError, LabInfo,
     LabSite,
 )
 from gpunode_lab.devices import device_nodes, uvm_major
@@ -53,9 +54,9 @@ __all__ = [
     "BRIDGE", "BRIDGE_CIDR", "BRIDGE_IP", "CONFIG_BEGIN", "CONFIG_END", "CONTAINER_CONFIG", "CONTAINER_HOSTNAME",
     "CONTAINER_IP", "CONTAINER_NAME", "DEV_DIR", "GPU_CONTAINER", "HOST_CA_BUNDLE", "HOST_CONTAINER",
     "HOST_CONTAINER_HOSTNAME", "HOST_CONTAINER_IP", "HOST_CONTAINER_NAME", "HOST_DRIVER_LAYOUT", "HOST_ROOTFS",
-    "FLEET_API_KEY", "IPTABLES_COMMENT", "KNOWN_HOSTS", "LAB_CONTAINERS", "LAB_DIR", "LAB_GPU_COUNT", "LAB_HOST_FACTS_ROOT",
+    "FLEET_API_KEY", "FLEET_SITES", "IPTABLES_COMMENT", "KNOWN_HOSTS", "LAB_CONTAINERS", "LAB_DIR", "LAB_GPU_COUNT", "LAB_HOST_FACTS_ROOT",
     "LAB_SUBNET", "LXC_PATH", "NVIDIA_MAJOR", "PVE_CA", "PVE_HOST", "PVE_MODULE", "PVE_MOUNTS", "PVE_NODE",
-    "PVE_PASSWORD_FILE", "PVE_PID_FILE", "PVE_PORT", "PVE_URL", "PVE_USER", "RECORDED", "ROOTFS", "SITE", "SITE2",
+    "PVE_PASSWORD_FILE", "PVE_PID_FILE", "PVE_PORT", "PVE_URL", "PVE_USER", "RECORDED", "ROOTFS", "SITE", "SITE1", "SITE2",
     "SITES", "STANDIN", "UVM_MAJOR_FILE", "LabContainer", "LabError", "LabInfo", "LabSite", "cgroup_device_key",
     "device_nodes", "down", "pve_answers", "pve_ticket", "ssh_command", "status", "stop_pve", "up", "uvm_major",
 ]

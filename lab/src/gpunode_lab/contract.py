@@ -212,13 +212,19 @@ class LabSite:
         return self.pve_dir / "mounts.json"
 
 
-# The first site is the lab of inventory/lab/host.yml; the second makes inventory/lab/fleet.yml a
-# fleet of two hosts (the kernel repair's stand-ins stay on the first).
+# The first site is the lab of inventory/lab/host.yml (the kernel repair's stand-ins and the Hub
+# stay on it); the other two are the fleet of inventory/lab/fleet.yml, pve-lab1 (its router's
+# node) and pve-lab2. The fleet has sites of its own so that its tests run beside the one-host
+# tests, each group on its own machines (tests/conftest.py).
 SITE = LabSite("pve-lab", GPU_CONTAINER, HOST_CONTAINER, PVE_HOST, PVE_DIR, kernels=True, hub=True)
+SITE1 = LabSite("pve-lab1", LabContainer("gpunode-lab1", "10.0.3.14", "gpunode-lab1"),
+                LabContainer("gpunode-lab-host1", "10.0.3.15", "gpunode-lab-host1", HOST_CONTAINER_PACKAGES, facts=True),
+                "127.0.0.4", LAB_DIR / "pve1")
 SITE2 = LabSite("pve-lab2", LabContainer("gpunode-lab2", "10.0.3.12", "gpunode-lab2"),
                 LabContainer("gpunode-lab-host2", "10.0.3.13", "gpunode-lab-host2", HOST_CONTAINER_PACKAGES, facts=True),
                 "127.0.0.3", LAB_DIR / "pve2")
-SITES = (SITE, SITE2)
+SITES = (SITE, SITE1, SITE2)
+FLEET_SITES = (SITE1, SITE2)
 # The first site's API files, by the names the lab's tests know them.
 PVE_CA, PVE_CERT, PVE_KEY = SITE.pve_ca, SITE.pve_cert, SITE.pve_key
 PVE_PASSWORD_FILE, PVE_PID_FILE, PVE_LOG = SITE.pve_password_file, SITE.pve_pid_file, SITE.pve_log
