@@ -73,7 +73,7 @@ def _router_problems(hf: HostFile, src: YamlSource) -> list[str]:
             if getattr(router, key) == on_host.server.port:
                 problems.append(at(src, ("router", key), f"{on_host.server.port} is taken on {on_host.name}'s node by its server"))
             if on_host.monitor is not None:
-                service = next((name for name, port in on_host.monitor.ports.items() if port == getattr(router, key)), None)
+                service = on_host.monitor.port_owner(getattr(router, key))
                 if service is not None:
                     problems.append(at(src, ("router", key), f"{getattr(router, key)} is taken on {on_host.name}'s node "
                                         f"by {service} (its monitor: section)"))

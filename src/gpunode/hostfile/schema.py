@@ -910,6 +910,10 @@ class Monitor(Strict):
         """Every port the stage listens on, on the node's loopback, by what listens there."""
         return {**MONITOR_PORTS, "the GPU exporter": self.gpu_exporter_port}
 
+    def port_owner(self, port: int) -> str | None:
+        """What of the stage listens on ``port`` on the node, if anything does."""
+        return next((name for name, own in self.ports.items() if own == port), None)
+
     @model_validator(mode="after")
     def _own_port(self) -> Monitor:
         for name, port in MONITOR_PORTS.items():
@@ -937,12 +941,11 @@ class Host(Strict):
     @model_validator(mode="after")
     def _monitor_ports_free(self) -> Host:
         if self.monitor is not None:
-            ports = self.monitor.ports
-            taken = next((name for name, port in ports.items() if port == self.server.port), None)
+            taken = self.monitor.port_owner(self.server.port)
             if taken:
                 raise ValueError(f"server.port {self.server.port} is {taken}'s port on the node (monitor)")
             reach = self.container.reach
-            taken = next((name for name, port in ports.items() if port == reach.port), None)
+            taken = self.monitor.port_owner(reach.port)
             if reach.connection == "ssh" and taken:
                 raise ValueError(f"container.ssh.port {reach.port} is {taken}'s port on the node (monitor)")
         return self
