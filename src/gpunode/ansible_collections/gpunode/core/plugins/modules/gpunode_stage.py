@@ -13,7 +13,8 @@ description:
   - Takes the host as gpunode's inventory carries it (the validated host file entry, C(gpunode_host))
     and the values derived from it once (C(gpunode_derived)); it parses no host file and computes
     none of those values again.
-  - Runs on the controller with gpunode's interpreter (delegated to localhost).
+  - Runs on the controller, in Ansible's own process (an action plugin, which this file documents), which needs
+    the gpunode package, as gpunode.core's filters do. The task's host is the machine that keeps the record.
   - In check mode the stage reports what it would do and changes nothing.
 version_added: 0.1.0
 author:
@@ -46,6 +47,12 @@ options:
         causes. Without it the verdict says the fabric was not judged.
       - Refused for the router stage, which has no GPUs.
     type: dict
+  record:
+    description:
+      - Where the task's host keeps the stage's record for C(gpunode check) (the C(record) in the stage's C(data)),
+        written by M(ansible.builtin.copy) in the same task, even when the stage fails, so that the check can say
+        what failed. Without it, or for a stage that returns no record, nothing is written.
+    type: str
   hub_token_file:
     description:
       - For the model stage, the run's file holding the Hugging Face Hub token (C(model.token) of the host file).
@@ -60,7 +67,13 @@ EXAMPLES = r"""
     stage: serve
     host: "{{ gpunode_host }}"
     derived: "{{ gpunode_derived }}"
-  delegate_to: localhost
+
+- name: Smoke-test the server and keep the result on the node
+  gpunode.core.gpunode_stage:
+    stage: smoke
+    host: "{{ gpunode_host }}"
+    derived: "{{ gpunode_derived }}"
+    record: /etc/gpunode/smoke.json
 """
 
 RETURN = r"""
@@ -73,55 +86,3 @@ data:
   returned: always
   type: dict
 """
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpunode.core.plugins.module_utils import guard
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "stage": {"type": "str", "required": True, "choices": ["model", "image", "p2p", "serve", "smoke", "router", "monitor"]},
-            "host": {"type": "dict", "required": True},
-            "derived": {"type": "dict", "required": True},
-            "api_key_file": {"type": "path", "no_log": False},
-            "fabric": {"type": "dict"},
-            "hub_token_file": {"type": "path", "no_log": False},
-        },
-        supports_check_mode=True,
-    )
-    guard.run(module, "gpunode_stage", _run)
-
-
-def _run(module: AnsibleModule) -> None:
-    from pydantic import ValidationError
-
-    from gpunode.stages import common as stage
-    from gpunode.stages.engine import EngineUnreachable
-
-    p = module.params
-    try:
-        target = stage.target_from_data(p["stage"], p["host"], p["derived"], p["api_key_file"], p["fabric"],
-                                        p["hub_token_file"])
-    except ValidationError as exc:
-        # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
-        first = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        module.fail_json(msg=f"{p['stage']}: the host data is not what this gpunode writes ({exc.title}): "
-                             f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}{more}")
-    except ValueError as exc:  # input the stage refuses (a fabric for the router)
-        module.fail_json(msg=f"{p['stage']}: {exc}")
-    try:
-        result = stage.run(p["stage"], target, module.check_mode)
-    except EngineUnreachable as exc:
-        module.fail_json(msg=str(exc))
-    summary = "\n".join(result.summary)
-    if result.failed:
-        # gpunode_unreachable: the machine (or the Hub) did not answer; gpunode reports exit 3.
-        module.fail_json(msg=f"{p['stage']}: {result.failure()}",
-                         gpunode_summary=summary, data=result.data, gpunode_unreachable=result.unreachable)
-    module.exit_json(changed=result.changed, gpunode_summary=summary, data=result.data)
-
-
-if __name__ == "__main__":
-    main()
