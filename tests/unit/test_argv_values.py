@@ -45,3 +45,28 @@ def test_placeholders_are_filled_by_name_and_nothing_is_evaluated() -> None:
         assert "class" not in filled or filled == text
     assert profiles.fill("{model_dir.__class__.__mro__}", values) == "{model_dir.__class__.__mro__}"
     assert profiles.fill("{{model_dir}}", values) == "{/model}"  # no format escapes: the name inside is filled
+
+
+def test_commands_share_ansibles_connection_and_a_forward_has_its_own(tmp_path: Path) -> None:
+    """A read on the node goes over the ControlPath gpunode's ansible.cfg names (the socket Ansible's
+    tasks opened: no new handshake); a forward never does, since a master keeps a client's forwards."""
+    from gpunode.ground.paths import control_path_dir
+
+    ssh = Ssh(address="192.0.2.10", user="root", port=22)
+    shared = engine.ssh_base(ssh)
+    assert f"-oControlPath={control_path_dir()}/%C" in shared and "-oControlMaster=auto" in shared
+    assert shared.index("-oControlMaster=auto") < shared.index("--")
+    forward = engine.ssh_base(ssh, "-nNT", "-L/tmp/s:/var/run/docker.sock", shared=False)
+    assert not any("Control" in arg for arg in forward), forward
+
+
+def test_serve_probes_readiness_through_a_forward_only_where_the_nodes_loopback_reaches_the_server() -> None:
+    from gpunode.stages.common import Target
+    from gpunode.stages.serve import stage as serve
+
+    host = hostfile.load(EXAMPLE).hosts[0]
+    for bind, forwarded in (("127.0.0.1", True), ("0.0.0.0", True), ("192.0.2.10", False), ("::1", False)):
+        key = None if bind in ("127.0.0.1", "::1") else host.server.api_key
+        changed = host.model_copy(update={"server": host.server.model_copy(update={"bind": bind, "api_key": key})})
+        ports = serve.reach(Target.of(changed)).ports
+        assert ports == ((changed.server.port,) if forwarded else ()), bind

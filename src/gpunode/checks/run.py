@@ -29,7 +29,7 @@ from gpunode import inventory
 from gpunode.checks import CHECKS_DIR, LAYERS, UNREACHABLE, result_field, tail
 from gpunode.derive import ROUTER_NODE, node_name
 from gpunode.hostfile import HostFile
-from gpunode.ground.paths import ANSIBLE_CFG, state_dir
+from gpunode.ground.paths import ANSIBLE_CFG, control_path_dir, state_dir
 from gpunode.ground.redact import redact
 from gpunode.ground.result import CheckResult
 
@@ -175,15 +175,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def control_path_dir() -> Path:
-    """The folder of the shared SSH connections' sockets, as gpunode's ansible.cfg names it."""
-    import configparser
-
-    config = configparser.ConfigParser()
-    config.read(ANSIBLE_CFG)
-    return Path(config.get("persistent_connection", "control_path_dir", fallback="~/.ansible/cp")).expanduser()
 
 
 def run_group(inventory_file: Path, files: list[str], hosts: list[str]) -> CheckReport:

@@ -16,6 +16,16 @@ ANSIBLE_CFG = PACKAGE / "ansible.cfg"
 IMAGES = PACKAGE / "images"
 
 
+def control_path_dir() -> Path:
+    """The folder of the shared SSH connections' sockets, as gpunode's ansible.cfg names it (Ansible's
+    tasks, `gpunode check`'s testinfra and the stages' commands share them)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ANSIBLE_CFG)
+    return Path(config.get("persistent_connection", "control_path_dir", fallback="~/.ansible/cp")).expanduser()
+
+
 def state_dir() -> Path:
     """Run artifacts and logs: GPUNODE_STATE_DIR, else $XDG_STATE_HOME/gpunode, else ~/.local/state/gpunode.
 

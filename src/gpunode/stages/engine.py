@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpunode.ground.paths import control_path_dir
 from gpunode.hostfile import Ssh
 
 
@@ -48,10 +49,21 @@ def ssh_options(ssh: Ssh) -> list[str]:
     return argv
 
 
-def ssh_base(ssh: Ssh, *options: str) -> list[str]:
+def shared_connection() -> list[str]:
+    """Options that run a command over the machine's shared SSH connection, Ansible's own (gpunode's
+    ansible.cfg: the same ControlPath, so the same socket for the same user, address and port), opened
+    when there is none: a command then costs a round trip, not a handshake (about 0.3 s; issue 36)."""
+    folder = control_path_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return ["-oControlMaster=auto", "-oControlPersist=60s", f"-oControlPath={folder}/%C"]
+
+
+def ssh_base(ssh: Ssh, *options: str, shared: bool = True) -> list[str]:
     """ssh to the node, ready for a remote command: the destination after ``--``, so that nothing
-    from the host file can be read as an option (``-oProxyCommand=...`` runs a command here)."""
-    return [*ssh_options(ssh), *options, "--", f"{ssh.user}@{ssh.address}"]
+    from the host file can be read as an option (``-oProxyCommand=...`` runs a command here).
+    ``shared``: over the machine's shared connection; a forward has a connection of its own, since
+    a master keeps what a client forwarded through it after that client is gone."""
+    return [*ssh_options(ssh), *(shared_connection() if shared else ()), *options, "--", f"{ssh.user}@{ssh.address}"]
 
 
 def _free_port() -> int:
@@ -74,7 +86,7 @@ def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> I
     local_ports = {port: _free_port() for port in ports}
     forwards = [f"-L{sock}:/var/run/docker.sock"]
     forwards += [f"-L127.0.0.1:{local}:127.0.0.1:{remote}" for remote, local in local_ports.items()]
-    argv = ssh_base(ssh, "-nNT", *forwards)
+    argv = ssh_base(ssh, "-nNT", *forwards, shared=False)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout_s

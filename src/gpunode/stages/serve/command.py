@@ -151,11 +151,12 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
               gpu_handoff: handoffs.GpuHandoff | None = None, dev_root: Path = Path("/dev"),
               poll_s: float = readiness.POLL_S, name: str = specs.CONTAINER_NAME,
               memlock_bytes: int = -1, engine_is_local: bool | None = None,
-              launch: profiles.Launch | None = None) -> ServeOutcome:
+              launch: profiles.Launch | None = None, probe_url: str | None = None) -> ServeOutcome:
     """``serve`` with its findings returned; ``gpu_handoff`` overrides detection and ``memlock_bytes``
     the unlimited memlock (tests and labs on machines that cannot give it). ``engine_is_local``
     False says that a unix socket is an SSH forward of the node's engine: the server's port is on
-    the node, so readiness is probed from inside the container."""
+    the node, so readiness is probed through ``probe_url`` (a forward of that port), else from inside
+    the container (a python3 started there for each probe: about a second)."""
     try:
         prepared = prepare(host, image_tag, docker_url, gpu_handoff=gpu_handoff, dev_root=dev_root, name=name,
                            memlock_bytes=memlock_bytes, engine_is_local=engine_is_local, launch=launch)
@@ -180,6 +181,8 @@ def run_serve(host: Host, image_tag: str, docker_url: str | None, console: Conso
     probe: readiness.HealthProbe
     if local:
         probe = readiness.HttpHealthProbe(f"http://{probe_address(host.server.bind)}:{host.server.port}")
+    elif probe_url is not None:
+        probe = readiness.HttpHealthProbe(probe_url)
     else:
         probe = docker_run.ExecHealthProbe(container, host.server.port)
 
