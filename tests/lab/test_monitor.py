@@ -1,5 +1,5 @@
 """The monitor stage on the lab (issue 37): Debian's real Prometheus, Alertmanager and node-exporter in the
-lab's node, gpunode's GPU exporter in the stand-in image (NVML replayed from a real H100's answers),
+lab's node, gpunode's GPU exporter in the stand-in image (NVML replayed from a real H200's answers),
 the stand-in server's SGLang metrics. Provision with a monitor: section; every target is up in
 Prometheus' own API; the server is killed and the server-down alert reaches Alertmanager within its
 rule's bound (measured and printed); the alert's own fix brings the server back and the alert
@@ -111,7 +111,7 @@ def test_an_alert_reaches_alertmanager_when_the_server_dies_and_resolves_after_t
             break
         time.sleep(1)
     assert health == {"sglang": "up", "gpunode_gpu": "up", "node": "up"}, targets
-    # The GPU exporter reads the lab's two GPUs (the recorded H100's answers), as many as the host file gives.
+    # The GPU exporter reads the lab's two GPUs (the recorded H200's answers), as many as the host file gives.
     gpus = api("http://127.0.0.1:9090/api/v1/query?query=gpunode_gpus_visible")["data"]["result"]
     assert [float(s["value"][1]) for s in gpus] == [2.0], gpus
     assert on_node("cat /etc/prometheus/gpunode-secrets/webhook-token").stdout.strip() == TOKEN

@@ -1,10 +1,11 @@
 """The node's GPU exporter (gpunode.stages.monitor.gpus), driven by what NVML answered on a real GPU
-(gpunode_lab's recorded/h100/nvml: an H100 on the device machine, driver 580.159.04, recorded with
+(gpunode_lab's recorded/h200/nvml: an H200 on the device machine, driver 580.159.04, recorded with
 tests/fixtures/monitor/record.py; the lab's stand-in image answers from the same recording). The replayed scrape must be, byte for byte, the one the real run
 printed; then the answers a real fleet also gives: refusals, a lost GPU, no driver, a Xid event."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pynvml
@@ -37,7 +38,7 @@ def test_a_replayed_scrape_is_the_real_runs_scrape_byte_for_byte() -> None:
     finally:
         collector.stop()
     assert value(text, "gpunode_gpus_visible") == value(text, "gpunode_gpus_expected") == 1
-    assert value(text, "gpunode_gpu_pcie_link_generation_max", gpu="0") == 5  # the H100's Gen5 x16
+    assert value(text, "gpunode_gpu_pcie_link_generation_max", gpu="0") == 5  # the H200's Gen5 x16
     assert value(text, "gpunode_gpu_clock_event_active", gpu="0", reason="gpu_idle") == 1
     assert value(text, "gpunode_gpu_xid_errors_total", gpu="0") == 0  # watched, none yet: increase() sees the first
 
@@ -52,7 +53,8 @@ def test_a_reading_nvml_refuses_is_named_never_made_up() -> None:
     assert value(text, "gpunode_gpu_reading_unsupported", gpu="0", reading="ecc_uncorrected_errors",
                  error="Not Supported") == 1
     assert value(text, "gpunode_gpu_reading_unsupported", gpu="0", reading="remapped_rows") == 1
-    assert value(text, "gpunode_gpu_temperature_celsius", gpu="0") == 34  # the rest still read
+    recorded = next(c["result"] for c in json.loads(CALLS.read_text()) if c["fn"] == "nvmlDeviceGetTemperature")
+    assert value(text, "gpunode_gpu_temperature_celsius", gpu="0") == recorded  # the rest still read
 
 
 def test_a_lost_gpu_is_counted_out_of_the_visible_ones() -> None:

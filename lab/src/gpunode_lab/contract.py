@@ -45,9 +45,9 @@ RECORDED = Path(__file__).resolve().parent / "recorded"
 STANDIN = Path(__file__).resolve().parent / "standin"
 HOST_FACTS_TARBALL = RECORDED / "h200" / "sysroot.tar.gz"
 HOST_DRIVER_LAYOUT = RECORDED / "h200" / "driver"  # what gpunode_lab.driver lays out
-# What NVML answered gpunode's GPU exporter on a real H100 (tests/fixtures/monitor/record.py): the
+# What NVML answered gpunode's GPU exporter on a real H200 (tests/fixtures/monitor/record.py): the
 # stand-in image's NVML replays it for each GPU the container is handed (standin/lab_nvml.py).
-NVML_RECORDING = RECORDED / "h100" / "nvml"
+NVML_RECORDING = RECORDED / "h200" / "nvml"
 DKMS_STANDIN = RECORDED / "dkms-standin"  # the module DKMS builds for each lab kernel
 # package -> a file it installs (to find what the template failed to install)
 PACKAGE_PROBES = {"openssh-server": "usr/sbin/sshd", "python3": "usr/bin/python3",

@@ -1,6 +1,6 @@
 """The lab's NVML for gpunode's GPU exporter (``--nvml-module=lab_nvml``, in the stand-in image): the lab
-has no GPU, so every call is answered from what NVML answered the exporter on a real H100
-(recorded/h100/nvml, by tests/fixtures/monitor/record.py), once for each /dev/nvidiaN the container
+has no GPU, so every call is answered from what NVML answered the exporter on a real H200
+(recorded/h200/nvml, by tests/fixtures/monitor/record.py), once for each /dev/nvidiaN the container
 was handed (the lab's mknod'd nodes, as the real driver enumerates the GPUs it is given). nvidia-ml-py
 itself, beside it, gives the error codes and constants."""
 

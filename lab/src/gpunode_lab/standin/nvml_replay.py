@@ -1,5 +1,5 @@
 """A pynvml that answers from a recording made on a real GPU (tests/fixtures/monitor/record.py; the lab
-keeps it in recorded/h100/nvml): each
+keeps it in recorded/h200/nvml): each
 nvml* call gets the next recorded answer for its name and GPU, a struct as an object with its
 fields, a refusal as pynvml's own NVMLError of the recorded code. Calls may be refused on purpose
 (``refuse``: name -> NVML error code, for a GPU or all) and a GPU may be lost (every call on it
