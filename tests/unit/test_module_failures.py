@@ -49,6 +49,24 @@ def test_stage_module_names_what_is_wrong_with_its_host_data(tmp_path: Path) -> 
                                             "container.vmid: Input should be greater than or equal to 100")
 
 
+def test_stage_action_refuses_an_unknown_option_and_writes_no_record_for_a_stage_that_never_ran(tmp_path: Path) -> None:
+    """gpunode_stage is an action (it runs in Ansible's own process): its options are checked as a
+    module's are, and a record is written only from what a stage returned."""
+    from gpunode import hostfile, inventory
+
+    lab = hostfile.load(ROOT / "inventory/lab/host.yml")
+    data = inventory.host_vars(lab, lab.hosts[0], {})
+    res = run_module("gpunode_stage", {"stage": "serve", "host": data["gpunode_host"], "derived": data["gpunode_derived"],
+                                       "recrod": "/tmp/x"}, tmp_path)
+    assert res["failed"] and "recrod" in res["msg"] and "Unsupported parameters" in res["msg"], res["msg"]
+    data["gpunode_host"]["container"]["vmid"] = 5
+    record = tmp_path / "serve.json"
+    res = run_module("gpunode_stage", {"stage": "serve", "host": data["gpunode_host"], "derived": data["gpunode_derived"],
+                                       "record": str(record)}, tmp_path)
+    assert res["failed"] and res["msg"].startswith("serve: the host data is not what this gpunode writes"), res["msg"]
+    assert not record.exists()
+
+
 def test_lxc_module_names_an_unreadable_keys_file(tmp_path: Path) -> None:
     with closed_port() as port:  # nothing answers there, should the module call the API at all
         res = run_module("pve_lxc_gpu", {**LXC_ARGS, "api_url": f"https://127.0.0.1:{port}",
