@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,27 @@ def test_stage_selection(gpunode, tmp_path: Path) -> None:
     assert len(read) == 1, [e["event_data"].get("task") for e in events if e.get("event") == "runner_on_ok"]
     assert read[0]["res"]["_ansible_delegated_vars"]["ansible_host"] == lab.HOST_CONTAINER_IP  # the Proxmox host
     assert list(read[0]["res"]["facts"]) == ["fabric"] and read[0]["res"]["facts"]["fabric"]["gpus"]
+
+
+def test_a_server_bound_to_the_nodes_own_address_is_probed_and_smoke_tested_there(gpunode, tmp_path: Path) -> None:
+    """Docker publishes the server's port on its bind address only: bound to the node's own address, the
+    server is not on the node's loopback, and serve's readiness probe and smoke's requests (through
+    their SSH forwards) go to that address. Smoke failed with 'cannot connect' here before."""
+    key = tmp_path / "api-key"
+    key.write_text(secrets.token_hex(16) + "\n")
+    key.chmod(0o600)
+    hosts = _variant(tmp_path, "    server:\n", f"    server:\n      bind: {lab.CONTAINER_IP}\n      api_key: {{file: {key}}}\n")
+    try:
+        moved = gpunode("provision", str(hosts), "--tags", "serve,smoke", "--json", timeout=600)
+        assert moved.returncode == 0, moved.stderr[-3000:]
+        assert f"server: ready at http://{lab.CONTAINER_IP}:30000" in moved.stderr
+        assert "PASS bench: 8/8 requests" in moved.stderr, moved.stderr[-3000:]
+        # Published on that address only: nothing answers on the node's loopback.
+        loopback = _ssh("python3", "-c", shlex.quote("import socket; socket.create_connection(('127.0.0.1', 30000), 2)"))
+        assert loopback.returncode != 0 and "ConnectionRefusedError" in loopback.stderr, loopback.stderr
+    finally:
+        back = gpunode("provision", str(LAB_HOSTS), "--tags", "serve,smoke", "--json", timeout=600)
+    assert back.returncode == 0, back.stderr[-3000:]
 
 
 def test_secret_values_stay_out_of_output_logs_and_artifacts(gpunode, tmp_path: Path) -> None:

@@ -60,13 +60,45 @@ def test_commands_share_ansibles_connection_and_a_forward_has_its_own(tmp_path: 
     assert not any("Control" in arg for arg in forward), forward
 
 
-def test_serve_probes_readiness_through_a_forward_only_where_the_nodes_loopback_reaches_the_server() -> None:
+def test_a_server_port_is_forwarded_from_where_its_bind_publishes_it(monkeypatch, tmp_path: Path) -> None:
+    """Docker publishes a port on its bind address only: a server bound to the node's own address is
+    not on the node's loopback, so serve's probe and smoke's requests go to that address (they were
+    refused there before), a server bound to all to the loopback."""
     from gpunode.stages.common import Target
     from gpunode.stages.serve import stage as serve
+    from gpunode.stages.smoke import stage as smoke
 
     host = hostfile.load(EXAMPLE).hosts[0]
-    for bind, forwarded in (("127.0.0.1", True), ("0.0.0.0", True), ("192.0.2.10", False), ("::1", False)):
-        key = None if bind in ("127.0.0.1", "::1") else host.server.api_key
-        changed = host.model_copy(update={"server": host.server.model_copy(update={"bind": bind, "api_key": key})})
-        ports = serve.reach(Target.of(changed)).ports
-        assert ports == ((changed.server.port,) if forwarded else ()), bind
+    for bind, address in (("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("192.0.2.10", "192.0.2.10"),
+                          ("::", "[::1]"), ("2001:db8::20", "[2001:db8::20]")):
+        changed = host.model_copy(update={"server": host.server.model_copy(update={"bind": bind})})
+        for stage in (serve, smoke):
+            assert stage.reach(Target.of(changed)).ports == ((address, changed.server.port),), (stage, bind)
+
+    seen: list[list[str]] = []
+
+    class Ssh_:
+        def __init__(self, argv: list[str], **_: object) -> None:
+            seen.append(argv)
+            Path(next(a for a in argv if a.endswith("docker.sock"))[2:].split(":")[0]).touch()
+            self.stderr = None
+
+        def poll(self) -> None:
+            return None
+
+        def terminate(self) -> None:
+            pass
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(engine.subprocess, "Popen", Ssh_)
+    ssh = Ssh(address="192.0.2.10", user="root", port=22)
+    with engine.forward(ssh, (engine.served_at("192.0.2.10", 30000), 29000)) as fw:
+        local = fw.ports[30000]
+        assert fw.at(30000) == f"127.0.0.1:{local}"
+    forwards = [a for a in seen[0] if a.startswith("-L127.0.0.1:")]
+    assert forwards == [f"-L127.0.0.1:{local}:192.0.2.10:30000", f"-L127.0.0.1:{fw.ports[29000]}:127.0.0.1:29000"]
+    local_engine = Ssh(address="192.0.2.10", connection="local")
+    with engine.forward(local_engine, (engine.served_at("192.0.2.10", 30000),)) as fw:
+        assert fw.at(30000) == "192.0.2.10:30000"  # this machine's own engine: the address itself

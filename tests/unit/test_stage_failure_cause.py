@@ -45,7 +45,7 @@ def test_the_serve_stages_failure_is_the_servers_diagnosis_not_its_first_note(
     monkeypatch.setattr(serve_stage, "node_settings", lambda _target, _url: ({}, [NOTE]))
     monkeypatch.setattr(serve_command, "run_serve",
                         lambda *_a, **_k: serve_command.ServeOutcome(1, diagnosis=diagnosis))
-    result = serve_stage.run(target, Forward("unix:///nonexistent.sock", {}), check_mode=False)
+    result = serve_stage.run(target, Forward("unix:///nonexistent.sock", {target.host.server.port: 40000}), check_mode=False)
     assert result.failed and result.summary[0] == NOTE  # the note stays in the progress lines
     assert result.failure() == ("sglang refused its arguments (log: launch_server: error: argument --api-key: "
                                 "expected one argument) -> fix server.flags in the host file")
@@ -55,7 +55,7 @@ def test_a_refused_start_is_its_own_message(target: Target, monkeypatch: pytest.
     monkeypatch.setattr(serve_stage, "node_settings", lambda _target, _url: ({}, [NOTE]))
     monkeypatch.setattr(serve_command, "run_serve", lambda *_a, **_k: serve_command.ServeOutcome(
         1, messages=["Docker refused the server container: port is already allocated"]))
-    result = serve_stage.run(target, Forward("unix:///nonexistent.sock", {}), check_mode=False)
+    result = serve_stage.run(target, Forward("unix:///nonexistent.sock", {target.host.server.port: 40000}), check_mode=False)
     assert result.failure() == "Docker refused the server container: port is already allocated"
 
 

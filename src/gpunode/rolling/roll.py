@@ -97,15 +97,15 @@ def merge(runs: list[RunSummary]) -> RunSummary:
 @contextlib.contextmanager
 def router_view(hostfile: HostFile) -> Iterator[RouterView]:
     """The router's API and counters, through an SSH forward of its ports on the router machine."""
-    from gpunode.stages.engine import forward
+    from gpunode.stages.engine import forward, served_at
     from gpunode.stages.router.api import RouterApi, read_metrics, worker_requests
 
     router, derived = hostfile.router, derive_router(hostfile)
     assert router is not None and derived is not None
     key = router.api_key.resolve() if router.api_key is not None else None
-    with forward(derived.reach, (router.port, router.metrics_port)) as fw:
-        metrics_url = f"http://127.0.0.1:{fw.ports[router.metrics_port]}/metrics"
-        yield RouterView(RouterApi(f"http://127.0.0.1:{fw.ports[router.port]}", key),
+    with forward(derived.reach, (served_at(router.bind, router.port), router.metrics_port)) as fw:
+        metrics_url = f"http://{fw.at(router.metrics_port)}/metrics"
+        yield RouterView(RouterApi(f"http://{fw.at(router.port)}", key),
                          lambda: worker_requests(read_metrics(metrics_url)))
 
 

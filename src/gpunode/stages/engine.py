@@ -8,6 +8,7 @@ binds to the node's loopback by default, so its port is forwarded the same way f
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shlex
 import shutil
@@ -15,21 +16,44 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpunode.ground.paths import control_path_dir
 from gpunode.hostfile import Ssh
+from gpunode.hostfile.fleet import reached_at
 
 
 class EngineUnreachable(Exception):
     """The SSH forward to a node could not be opened."""
 
 
+# A port to forward: a port on the machine's loopback, or (the address the machine itself reaches it
+# at, the port) for a server bound to an address of its own (a published port listens there only).
+Port = int | tuple[str, int]
+
+
 @dataclass(frozen=True)
 class Forward:
     docker_url: str | None  # None: this machine's own engine
-    ports: dict[int, int]  # node loopback port -> local port
+    ports: dict[int, int]  # the machine's port -> local port
+    hosts: dict[int, str] = field(default_factory=dict)  # the machine's port -> where it is reached here
+
+    def at(self, port: int) -> str:
+        """``host:port`` where this machine reaches the machine's ``port`` (a URL's authority)."""
+        return f"{self.hosts.get(port, '127.0.0.1')}:{self.ports[port]}"
+
+
+def probe_address(bind: str) -> str:
+    """Where the machine itself reaches a server bound to ``bind``: ``bind``, or its loopback when it
+    binds all (0.0.0.0, ::); an IPv6 literal in brackets, as ssh's -L and a URL take it."""
+    return reached_at(bind, "127.0.0.1" if ipaddress.ip_address(bind).version == 4 else "::1")
+
+
+def served_at(bind: str, port: int) -> tuple[str, int]:
+    """A port published on ``bind``, as forward takes it: where the machine reaches it, and the port
+    (a published port listens on its bind address only)."""
+    return probe_address(bind), port
 
 
 def docker_client(docker_url: str | None):  # -> docker.DockerClient (imported lazily: it is heavy)
@@ -75,17 +99,19 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def forward(ssh: Ssh, ports: tuple[int, ...] = (), timeout_s: float = 20.0) -> Iterator[Forward]:
-    """Forward the node's Docker socket (and loopback ``ports``) for the duration of the block."""
+def forward(ssh: Ssh, ports: tuple[Port, ...] = (), timeout_s: float = 20.0) -> Iterator[Forward]:
+    """Forward the node's Docker socket (and ``ports``) for the duration of the block."""
+    targets = {number: address for address, number in (
+        (("127.0.0.1", port) if isinstance(port, int) else port) for port in ports)}
     if ssh.connection == "local":
-        yield Forward(None, {port: port for port in ports})
+        yield Forward(None, {port: port for port in targets}, targets)
         return
     folder = Path(tempfile.mkdtemp(prefix="gpunode-engine-"))
     folder.chmod(0o700)
     sock = folder / "docker.sock"
-    local_ports = {port: _free_port() for port in ports}
+    local_ports = {port: _free_port() for port in targets}
     forwards = [f"-L{sock}:/var/run/docker.sock"]
-    forwards += [f"-L127.0.0.1:{local}:127.0.0.1:{remote}" for remote, local in local_ports.items()]
+    forwards += [f"-L127.0.0.1:{local}:{targets[remote]}:{remote}" for remote, local in local_ports.items()]
     argv = ssh_base(ssh, "-nNT", *forwards, shared=False)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

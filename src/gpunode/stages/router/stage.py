@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.derive import RouterDerived, RouterWorkerSpec
-from gpunode.stages.engine import Forward, docker_client
+from gpunode.stages.engine import Forward, docker_client, served_at
 from gpunode.hostfile import Router
 from gpunode.derive import routerimage as router_image
 from gpunode.stages.router.build import build as build_router_image
@@ -61,8 +61,11 @@ target_from_data = RouterTarget.from_data
 
 
 def reach(target: RouterTarget) -> Reach:
-    """The router machine's engine, with the router's and its metrics' ports forwarded."""
-    return Reach(target.derived.reach, (target.router.port, target.router.metrics_port), target.derived.image_tag)
+    """The router machine's engine, with the router's and its metrics' ports forwarded (the router's where
+    its bind publishes it)."""
+    router = target.router
+    return Reach(target.derived.reach, (served_at(router.bind, router.port), router.metrics_port),
+                 target.derived.image_tag)
 
 
 def probe_worker(container: Any, url: str) -> tuple[bool, str]:
@@ -133,7 +136,7 @@ def _smoke(target: RouterTarget, fw: Forward, client: Any, api_key: str | None) 
     if derived.bench_image and derived.model_dir:
         runner = DockerBenchRunner(client, derived.bench_image, derived.model_dir,
                                    server_url=f"http://{probe_address(router.bind)}:{router.port}")
-    report = run_checks(f"http://127.0.0.1:{fw.ports[router.port]}", derived.served_name, api_key, runner)
+    report = run_checks(f"http://{fw.at(router.port)}", derived.served_name, api_key, runner)
     return report.exit_code, report.as_dict()["checks"]
 
 
@@ -167,7 +170,7 @@ def run(target: RouterTarget, fw: Forward, check_mode: bool) -> StageResult:
         return StageResult(failed=True, summary=[f"router container: {exc}"])
     lines = [f"router image {inputs.tag}: " + ("built" if built else "present") + (", shipped" if shipped else ""),
              f"router container {specs.CONTAINER_NAME}: {started.action} ({started.reason})"]
-    api = RouterApi(f"http://127.0.0.1:{fw.ports[router.port]}", api_key)
+    api = RouterApi(f"http://{fw.at(router.port)}", api_key)
     container = node.containers.get(specs.CONTAINER_NAME)
     if not api.wait_healthy(READY_TIMEOUT_S):
         tail = container.logs(tail=8).decode(errors="replace").strip().replace("\n", " | ")

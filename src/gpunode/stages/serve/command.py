@@ -10,7 +10,6 @@ profile or the API key's SecretRef cannot be read; 3 the Docker engine cannot be
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,8 @@ from gpunode.ground import exitcodes
 
 from gpunode.catalogue import handoff as handoffs, profiles
 from gpunode.derive import server_launch
-from gpunode.stages.engine import docker_client
-from gpunode.hostfile import reached_at, Host
+from gpunode.stages.engine import docker_client, probe_address
+from gpunode.hostfile import Host
 from gpunode.stages.serve import docker_run, readiness
 from gpunode.derive import serverspec as specs
 from gpunode.stages.serve.diagnose import Diagnosis
@@ -58,11 +57,6 @@ class ServeOutcome:
 
 def is_local_daemon(docker_url: str | None) -> bool:
     return docker_url is None or docker_url.startswith("unix://")
-
-
-def probe_address(bind: str) -> str:
-    """Where to reach a server bound to ``bind`` from the node itself: the node is its own loopback."""
-    return reached_at(bind, "127.0.0.1" if ipaddress.ip_address(bind).version == 4 else "::1")
 
 
 def connect(docker_url: str | None) -> docker.DockerClient:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from gpunode.stages.engine import Forward, docker_client
+from gpunode.stages.engine import Forward, docker_client, served_at
 from gpunode.stages.common import Reach, StageResult, Target, console, node_handoff
 
 
@@ -14,15 +14,10 @@ target_from_data = Target.from_data
 
 
 def reach(target: Target) -> Reach:
-    """The node's engine, with the server's port forwarded where the node's loopback reaches it (its
-    readiness is probed there); the image this stage needs there."""
-    ports = (target.host.server.port,) if _loopback_reaches(target.host.server.bind) else ()
-    return Reach(target.host.container.reach, ports, target.derived.server_image)
-
-
-def _loopback_reaches(bind: str) -> bool:
-    """A server bound to ``bind`` answers on the node's 127.0.0.1 (where a forward goes): 127.0.0.1 or 0.0.0.0."""
-    return bind in ("127.0.0.1", "0.0.0.0")
+    """The node's engine, with the server's port forwarded from where its bind publishes it (readiness
+    is probed there); the image this stage needs there."""
+    server = target.host.server
+    return Reach(target.host.container.reach, (served_at(server.bind, server.port),), target.derived.server_image)
 
 
 def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0) -> StageResult:
@@ -45,10 +40,8 @@ def run(target: Target, fw: Forward, check_mode: bool, timeout_s: float = 3600.0
         settings, notes = node_settings(target, fw.docker_url)
     except HandoffError as exc:
         return StageResult(failed=True, summary=[f"serve: {exc}"])
-    local_port = fw.ports.get(target.host.server.port)
     outcome = run_serve(target.host, target.derived.server_image, fw.docker_url, console(buffer), timeout_s,
-                        launch=target.derived.launch,
-                        probe_url=f"http://127.0.0.1:{local_port}" if local_port is not None else None, **settings)
+                        launch=target.derived.launch, probe_url=f"http://{fw.at(target.host.server.port)}", **settings)
     action = outcome.start.action if outcome.start else "none"
     lines = notes + [line for line in buffer.getvalue().splitlines() if line.strip()][-12:]
     failed = outcome.exit_code != 0

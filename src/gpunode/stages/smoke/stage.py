@@ -10,7 +10,7 @@ import json
 
 from typing import Any
 
-from gpunode.stages.engine import Forward, docker_client
+from gpunode.stages.engine import Forward, docker_client, served_at
 from gpunode.stages.common import Reach, StageResult, Target
 
 
@@ -25,8 +25,10 @@ target_from_data = Target.from_data
 
 
 def reach(target: Target) -> Reach:
-    """The node's engine, with the server port forwarded; the image this stage needs there."""
-    return Reach(target.host.container.reach, (target.host.server.port,), target.derived.server_image)
+    """The node's engine, with the server's port forwarded from where its bind publishes it; the image
+    this stage needs there."""
+    server = target.host.server
+    return Reach(target.host.container.reach, (served_at(server.bind, server.port),), target.derived.server_image)
 
 
 def run(target: Target, fw: Forward, check_mode: bool) -> StageResult:
@@ -37,13 +39,12 @@ def run(target: Target, fw: Forward, check_mode: bool) -> StageResult:
     if check_mode:
         return StageResult(summary=["smoke: run only in a real run"])
     host = target.host
-    local = fw.ports[host.server.port]
     client = docker_client(fw.docker_url)
     runner = DockerBenchRunner(client, target.derived.server_image, str(host.model.path),
                                server_url=f"http://{probe_address(host.server.bind)}:{host.server.port}")
     api_key = host.server.api_key.resolve() if host.server.api_key else None
     out = io.StringIO()
-    code = run_smoke(f"http://127.0.0.1:{local}", target.derived.served_name, api_key, runner, True, out)
+    code = run_smoke(f"http://{fw.at(host.server.port)}", target.derived.served_name, api_key, runner, True, out)
     report = json.loads(out.getvalue())
     checks = sorted(report.get("checks", []), key=lambda c: c["status"] != "fail")  # the failure message: first line
     lines = [f"{c['status'].upper():4} {c['name']}: {c.get('detail', '')}" for c in checks]
