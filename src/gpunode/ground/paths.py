@@ -3,6 +3,7 @@ works from any folder), and where it keeps its state."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -16,9 +17,11 @@ ANSIBLE_CFG = PACKAGE / "ansible.cfg"
 IMAGES = PACKAGE / "images"
 
 
+@functools.cache
 def control_path_dir() -> Path:
     """The folder of the shared SSH connections' sockets, as gpunode's ansible.cfg names it (Ansible's
-    tasks, `gpunode check`'s testinfra and the stages' commands share them)."""
+    tasks, `gpunode check`'s testinfra and the stages' commands share them). Read once: every SSH
+    command of a stage asks for it, and the file is the package's own."""
     import configparser
 
     config = configparser.ConfigParser()

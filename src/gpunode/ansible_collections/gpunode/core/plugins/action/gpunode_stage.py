@@ -45,6 +45,7 @@ def run_stage(args: dict[str, Any], check_mode: bool) -> dict[str, Any]:
         target = stage.target_from_data(name, _plain(args["host"]), _plain(args["derived"]), args["api_key_file"],
                                         _plain(args["fabric"]), args["hub_token_file"])
     except ValidationError as exc:
+        # Data gpunode's own inventory did not write (an edited inventory, another gpunode's): one line.
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         return {"failed": True, "msg": f"{name}: the host data is not what this gpunode writes ({exc.title}): "
@@ -58,6 +59,7 @@ def run_stage(args: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     outcome: dict[str, Any] = {"changed": result.changed, "gpunode_summary": "\n".join(result.summary),
                                "data": _plain(result.data)}
     if result.failed:
+        # gpunode_unreachable: the machine (or the Hub) did not answer; gpunode reports exit 3.
         outcome.update(failed=True, msg=f"{name}: {result.failure()}", gpunode_unreachable=result.unreachable)
     return outcome
 
