@@ -38,6 +38,8 @@ def tripwires(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str,
     playbook run records what it was asked, then stops the command."""
     from gpunode.checks import run as check
     from gpunode import runner
+    from gpunode.rolling import roll
+    from gpunode.stages.router.api import RouterUnavailable
 
     calls: list[dict[str, Any]] = []
 
@@ -52,7 +54,15 @@ def tripwires(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str,
     def run_checks(*args: object) -> None:
         raise Reached("the checks would run")
 
+    @contextmanager
+    def no_router(hostfile: object) -> Iterator[None]:
+        # A provision of a fleet's node reads the router before it runs (whether to roll): never
+        # the lab's live fleet from a unit test, whose tests break and mend it meanwhile.
+        raise RouterUnavailable("not read in a unit test")
+        yield
+
     monkeypatch.setattr(runner, "provision", provision)
+    monkeypatch.setattr(roll, "router_view", no_router)
     monkeypatch.setattr(runner, "secret_files", no_secrets)
     monkeypatch.setattr(check, "run_checks", run_checks)
     monkeypatch.setenv("GPUNODE_STATE_DIR", str(tmp_path / "state"))

@@ -26,7 +26,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stages", ("gpunode.stages",)),
     ("operations", ("gpunode.runner", "gpunode.inventory", "gpunode.render", "gpunode.checks", "gpunode.bench",
                     "gpunode.rolling",
-                    f"{COLLECTION}.modules", f"{COLLECTION}.action", f"{COLLECTION}.filter")),
+                    f"{COLLECTION}.modules", f"{COLLECTION}.action", f"{COLLECTION}.filter", f"{COLLECTION}.strategy")),
     ("cli", ("gpunode.cli", "gpunode.__main__")),
 )
 # Files that run elsewhere, alone (in the server image, the probe container, the router image):

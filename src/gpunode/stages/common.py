@@ -91,6 +91,22 @@ def _stage(name: str) -> ModuleType:
     return import_module(f"gpunode.stages.{name}.stage")
 
 
+def preload(name: str) -> None:
+    """Import what the stage ``name`` runs with: its stage module and what that module imports in its
+    functions (kept there so that the CLI starts fast), read from its source. Called in Ansible's own
+    process as the stage's play starts (gpunode.core.mitogen_linear), so the processes Ansible forks
+    for the play's tasks inherit them instead of each importing them again (0.5 s a stage)."""
+    import ast
+
+    module = _stage(name)
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else
+                 [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+        for imported in names:
+            if imported.split(".")[0] in ("gpunode", "docker"):
+                import_module(imported)
+
+
 def target_from_data(name: str, host: dict[str, Any], derived: dict[str, Any], api_key_file: str | None = None,
                      fabric: dict[str, Any] | None = None, hub_token_file: str | None = None) -> Any:
     """The stage's target from the inventory's data, as the stage reads it (a host's ``Target``; the
@@ -128,4 +144,4 @@ def run(name: str, target: Any, check_mode: bool) -> StageResult:
         return StageResult(failed=True, summary=[f"Docker on the node: {exc}"])
 
 
-__all__ = ["GPU_STAGES", "Reach", "StageResult", "Target", "console", "node_handoff", "run", "target_from_data"]
+__all__ = ["GPU_STAGES", "Reach", "StageResult", "Target", "console", "node_handoff", "preload", "run", "target_from_data"]
