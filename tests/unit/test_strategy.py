@@ -1,6 +1,7 @@
-"""Provision runs Ansible with Mitogen's linear strategy (gpunode.runner.strategy_env), unless the
-operator's environment names a strategy itself: shown on a real play, where Mitogen's one Python per
-machine runs every module, so two tasks' commands have the same parent."""
+"""Provision runs Ansible with the collection's strategy, gpunode.core.mitogen_linear
+(gpunode.runner.strategy_env), unless the operator's environment names a strategy itself. Shown on
+real plays: Mitogen's one Python per machine runs every module, so two tasks' commands have the same
+parent; a GPU-side stage's play finds that stage's code already imported in the worker of its task."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from gpunode.ground.paths import ANSIBLE_CFG, COLLECTIONS_PATH
 from gpunode.runner import STRATEGY, strategy_env
 
-PLAY = """\
+PARENTS_PLAY = """\
 - hosts: localhost
   gather_facts: false
   tasks:
@@ -25,44 +26,9 @@ PLAY = """\
       register: second
       changed_when: false
     - ansible.builtin.debug:
-        msg: "parents {{ [first.stdout, second.stdout] | to_json }}"
+        msg: "answer {{ [first.stdout, second.stdout] | to_json }}"
 """
-
-
-def parents(tmp_path: Path, environ: dict[str, str]) -> list[str]:
-    (tmp_path / "play.yml").write_text(PLAY)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_STRATEGY")},
-           "ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
-           "ANSIBLE_LOCAL_TEMP": str(tmp_path), "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
-           **environ, **strategy_env(environ),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", "play.yml"],
-        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    line = next(line for line in result.stdout.splitlines() if '"msg": "parents ' in line)
-    return json.loads(line.split('"msg": "parents ', 1)[1].rstrip('"').replace('\\"', '"'))
-
-
-def test_mitogen_runs_every_module_of_a_machine_in_one_python(tmp_path: Path) -> None:
-    first, second = parents(tmp_path, {})
-    assert first == second, "each task started a Python of its own: Mitogen's strategy is not in use"
-
-
-def test_the_operators_own_strategy_is_kept(tmp_path: Path) -> None:
-    # Ansible's own linear strategy: a new AnsiballZ interpreter per module run.
-    first, second = parents(tmp_path, {"ANSIBLE_STRATEGY": "linear"})
-    assert first != second
-
-
-def test_the_strategy_is_chosen_only_where_the_environment_chose_none() -> None:
-    assert strategy_env({}) == {"ANSIBLE_STRATEGY": STRATEGY}
-    assert strategy_env({"ANSIBLE_STRATEGY": ""}) == {"ANSIBLE_STRATEGY": STRATEGY}
-    assert strategy_env({"ANSIBLE_STRATEGY": "free"}) == {}
-
-
-# A lookup runs in the worker Ansible forks for a task: it says whether a module is already imported there.
+# A lookup runs in the worker Ansible forks for a task: it says whether modules are imported there.
 IMPORTED_LOOKUP = """\
 import sys
 from ansible.plugins.lookup import LookupBase
@@ -78,14 +44,16 @@ STAGE_PLAY = """\
   tags: [%s]
   tasks:
     - ansible.builtin.debug:
-        msg: "imported {{ lookup('imported', 'gpunode.stages.serve.command', 'docker', wantlist=True) | to_json }}"
+        msg: "answer {{ lookup('imported', 'gpunode.stages.serve.command', 'docker', wantlist=True) | to_json }}"
 """
 
 
-def imported_in_worker(tmp_path: Path, tag: str, environ: dict[str, str]) -> list[bool]:
+def answer(tmp_path: Path, play: str, environ: dict[str, str]) -> list:
+    """Run ``play`` on localhost as gpunode's runner would with the operator's ``environ``; what its
+    debug task said after "answer"."""
     (tmp_path / "lookup").mkdir(exist_ok=True)
     (tmp_path / "lookup" / "imported.py").write_text(IMPORTED_LOOKUP)
-    (tmp_path / "play.yml").write_text(STAGE_PLAY % tag)
+    (tmp_path / "play.yml").write_text(play)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_STRATEGY")},
            "ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
            "ANSIBLE_LOCAL_TEMP": str(tmp_path), "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
@@ -96,13 +64,34 @@ def imported_in_worker(tmp_path: Path, tag: str, environ: dict[str, str]) -> lis
          "-e", f"ansible_python_interpreter={sys.executable}", "play.yml"],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    line = next(line for line in result.stdout.splitlines() if '"msg": "imported ' in line)
-    return json.loads(line.split('"msg": "imported ', 1)[1].rstrip('"').replace('\\"', '"'))
+    line = next(line for line in result.stdout.splitlines() if '"msg": "answer ' in line)
+    return json.loads(line.split('"msg": "answer ', 1)[1].rstrip('"').replace('\\"', '"'))
 
 
-def test_a_stage_plays_code_is_imported_once_in_ansibles_process(tmp_path: Path) -> None:
-    """The play tagged serve imports the serve stage's code as it starts: the worker of its task finds
-    it imported. Another play, or Ansible's own strategy, does not."""
-    assert imported_in_worker(tmp_path, "serve", {}) == [True, True]
-    assert imported_in_worker(tmp_path, "node", {}) == [False, False]
-    assert imported_in_worker(tmp_path, "serve", {"ANSIBLE_STRATEGY": "linear"}) == [False, False]
+def test_mitogen_runs_every_module_of_a_machine_in_one_python(tmp_path: Path) -> None:
+    first, second = answer(tmp_path, PARENTS_PLAY, {})
+    assert first == second, "each task started a Python of its own: Mitogen's strategy is not in use"
+
+
+def test_the_operators_own_strategy_is_kept(tmp_path: Path) -> None:
+    # Ansible's own linear strategy: a new AnsiballZ interpreter per module run.
+    first, second = answer(tmp_path, PARENTS_PLAY, {"ANSIBLE_STRATEGY": "linear"})
+    assert first != second
+
+
+def test_the_strategy_is_chosen_only_where_the_environment_chose_none() -> None:
+    assert strategy_env({}) == {"ANSIBLE_STRATEGY": STRATEGY}
+    assert strategy_env({"ANSIBLE_STRATEGY": ""}) == {"ANSIBLE_STRATEGY": STRATEGY}
+    assert strategy_env({"ANSIBLE_STRATEGY": "free"}) == {}
+
+
+@pytest.mark.parametrize(("tag", "environ", "imported"), [
+    ("serve", {}, [True, True]),
+    ("node", {}, [False, False]),  # not a GPU-side stage's play: nothing imported early
+    ("serve", {"ANSIBLE_STRATEGY": "linear"}, [False, False]),
+])
+def test_a_stage_plays_code_is_imported_once_in_ansibles_process(tmp_path: Path, tag: str, environ: dict[str, str],
+                                                                 imported: list[bool]) -> None:
+    """The play tagged serve imports the serve stage's code (and the Docker SDK) as it starts: the
+    worker of its task finds them imported."""
+    assert answer(tmp_path, STAGE_PLAY % tag, environ) == imported
