@@ -284,6 +284,14 @@ def scrub_artifacts(folder: Path, known: tuple[str, ...]) -> None:
 STRATEGY = "gpunode.core.mitogen_linear"
 
 
+# Mitogen's debugging switches (mitogen/core.py, mitogen/master.py, ansible_mitogen/logging.py): its
+# debug log prints each module call with its arguments (no_log ones too) into Ansible's output, and
+# MITOGEN_ROUTER_DEBUG writes it to /tmp files on every machine, which outlive the run. A run never
+# inherits them.
+MITOGEN_DEBUG_ENV = ("MITOGEN_LOG_LEVEL", "MITOGEN_ROUTER_DEBUG", "MITOGEN_PROFILING", "MITOGEN_PROFILE_FMT",
+                     "MITOGEN_DUMP_THREAD_STACKS")
+
+
 def strategy_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Ansible's strategy for a run: gpunode's, unless ``environ`` (the operator's environment, which
     the run inherits) names one itself."""
@@ -381,7 +389,11 @@ def _run(
                        + (f", limit {limit}" if limit else ""))
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            with without_env(inventory.secret_env_names(hostfile)), \
+            debug = sorted(name for name in MITOGEN_DEBUG_ENV if name in os.environ)
+            if debug:
+                progress._emit(f"provision: not passing {', '.join(debug)} to Ansible: Mitogen's debug output "
+                               "carries modules' arguments, secrets among them")
+            with without_env(inventory.secret_env_names(hostfile) | set(MITOGEN_DEBUG_ENV)), \
                     (console.status("starting") if console.is_terminal else contextlib.nullcontext()) as status:
                 progress.status = status
                 progress_file = private / "stage-progress.log"

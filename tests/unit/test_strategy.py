@@ -95,3 +95,55 @@ def test_a_stage_plays_code_is_imported_once_in_ansibles_process(tmp_path: Path,
     """The play tagged serve imports the serve stage's code (and the Docker SDK) as it starts: the
     worker of its task finds them imported."""
     assert answer(tmp_path, STAGE_PLAY % tag, environ) == imported
+
+
+def test_preload_takes_only_the_stages_the_run_selects_and_never_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(COLLECTIONS_PATH))
+    from ansible_collections.gpunode.core.plugins.strategy import mitogen_linear
+    from gpunode.stages import common
+
+    asked: list[str] = []
+
+    def preload(stage: str) -> None:
+        asked.append(stage)
+        if stage == "smoke":
+            raise OSError("no source here")
+
+    monkeypatch.setattr(common, "preload", preload)
+    assert mitogen_linear.preload_stages(["serve"], {"host", "container"}) == []
+    assert mitogen_linear.preload_stages(["serve"], {"all"}, {"serve"}) == []
+    assert mitogen_linear.preload_stages(["serve", "always"], {"host", "serve"}) == ["serve"]
+    assert mitogen_linear.preload_stages(["smoke"]) == [] and asked == ["serve", "smoke"]
+
+
+def test_mitogens_debug_switches_never_reach_a_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Mitogen's debug log carries modules' arguments: its switches are kept out of the run's
+    environment (ansible-runner passes the whole of it on), said, and given back afterwards."""
+    import ansible_runner
+    from rich.console import Console
+
+    from gpunode import hostfile, runner
+
+    seen: dict[str, str | None] = {}
+
+    class Done:
+        status, rc, stats = "successful", 0, {}
+
+    def run(**kwargs: object) -> Done:
+        seen.update({name: os.environ.get(name) for name in runner.MITOGEN_DEBUG_ENV})
+        seen["ANSIBLE_STRATEGY"] = kwargs["envvars"].get("ANSIBLE_STRATEGY")  # type: ignore[attr-defined]
+        (Path(str(kwargs["private_data_dir"])) / "artifacts" / str(kwargs["ident"])).mkdir(parents=True)
+        return Done()
+
+    monkeypatch.setattr(ansible_runner, "run", run)
+    monkeypatch.setenv("GPUNODE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MITOGEN_LOG_LEVEL", "debug")
+    monkeypatch.setenv("MITOGEN_ROUTER_DEBUG", "1")
+    lab = hostfile.load(Path(__file__).resolve().parents[2] / "inventory" / "lab" / "host.yml")
+    out = tmp_path / "out.txt"
+    with out.open("w") as stream:
+        summary = runner.provision(lab, ["host"], console=Console(file=stream, width=200), secrets={})
+    assert summary.exit_code == 0
+    assert all(seen[name] is None for name in runner.MITOGEN_DEBUG_ENV) and seen["ANSIBLE_STRATEGY"] == STRATEGY
+    assert "not passing MITOGEN_LOG_LEVEL, MITOGEN_ROUTER_DEBUG to Ansible" in out.read_text()
+    assert os.environ["MITOGEN_LOG_LEVEL"] == "debug"

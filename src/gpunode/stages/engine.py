@@ -74,9 +74,10 @@ def ssh_options(ssh: Ssh) -> list[str]:
 
 
 def shared_connection() -> list[str]:
-    """Options that run a command over the machine's shared SSH connection, Ansible's own (gpunode's
-    ansible.cfg: the same ControlPath, so the same socket for the same user, address and port), opened
-    when there is none: a command then costs a round trip, not a handshake (about 0.3 s; issue 36)."""
+    """Options that run a command over the machine's shared SSH connection (gpunode's ansible.cfg's
+    ControlPath, so the same socket for the same user, address and port, which `gpunode check` uses
+    too), opened when there is none: a command then costs a round trip, not a handshake (about 0.3 s;
+    issue 36). Provision's own tasks go through Mitogen's connection, which opens no such socket."""
     folder = control_path_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return ["-oControlMaster=auto", "-oControlPersist=60s", f"-oControlPath={folder}/%C"]
