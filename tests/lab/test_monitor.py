@@ -30,6 +30,7 @@ RULES = ROOT / "src/gpunode/ansible_collections/gpunode/core/roles/monitor/files
 TOKEN = "lab-webhook-token-5a1b"  # a canary: it must reach the node's secret file and nothing else
 # A webhook receiver on the node's loopback: it keeps each POST's Authorization header and body.
 HOOK_PORT, HOOK_LOG = 8099, "/run/gpunode-lab-webhook.jsonl"
+AM_STATE = "/var/lib/prometheus/alertmanager"  # Debian's --storage.path for it
 HOOK = f"""
 import http.server, json
 class Hook(http.server.BaseHTTPRequestHandler):
@@ -81,6 +82,11 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = folder / "host-monitor.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     on_node(f"systemctl stop gpunode-lab-webhook; rm -f {HOOK_LOG}")
+    # Alertmanager's notification log outlives it (120 h, in its storage path), and the lab's node keeps
+    # its disk from one run to the next: an earlier run stopped it before the resolved message, so it
+    # would take the same alert (same labels) as already sent and stay silent for repeat_interval (4 h).
+    # Each run starts with an Alertmanager that has told nobody anything.
+    on_node(f"systemctl stop prometheus-alertmanager; rm -f {AM_STATE}/nflog {AM_STATE}/silences")
     hook = on_node(f"systemd-run --unit=gpunode-lab-webhook --collect python3 -c {shlex.quote(HOOK)}")
     assert hook.returncode == 0, hook.stderr
     yield path
