@@ -36,6 +36,9 @@ def print_plan(plans: list[HostPlan], console: Console) -> None:
         console.print("\n[bold]Host changes[/bold]")
         for change in plan.host_changes:
             console.print(f"  - {change}")
+        console.print("\n[bold]Node changes[/bold] (inside the container)")
+        for change in plan.node_changes:
+            console.print(f"  - {escape(change)}")
 
         if plan.ownership is not None:
             style = {"free": "green", "gpunode": "green", "foreign": "red"}[plan.ownership["owner"]]

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpunode import derive, hostfile
 
@@ -180,3 +181,29 @@ def test_lab_leaves_out_fewer_stages_with_a_stand_in() -> None:
     assert set(stages.lab_leaves_out(False)) == {"image", "p2p", "serve", "smoke", "router", "monitor"}
     assert set(stages.lab_leaves_out(True)) == {"p2p"}, "the fake server cannot measure P2P"
     assert "no GPU" in stages.lab_leaves_out(True)["p2p"]
+
+
+def test_the_plan_names_what_the_node_stage_installs_as_the_role_installs_it(example: hostfile.HostFile) -> None:
+    # plan says it before the node stage acts; the role's own defaults and its one apt task decide it.
+    from gpunode.ground.paths import COLLECTION
+
+    role = COLLECTION / "roles" / "node"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    install = yaml.safe_load((role / "tasks" / "install.yml").read_text())
+    apt = next(task for task in install if "ansible.builtin.apt" in task)["ansible.builtin.apt"]["name"]
+    assert apt == "{{ node_base_packages + node_docker_packages + ['debootstrap'] }}", "the apt task changed: update plan"
+    assert list(plan.NODE_PACKAGES) == defaults["node_base_packages"] + defaults["node_docker_packages"] + ["debootstrap"]
+    assert (plan.NODE_STATE_DIR, plan.PROBE_IMAGE) == (defaults["node_state_dir"], defaults["node_probe_image"])
+    changes = plan.plan_host(example.hosts[0], example).node_changes
+    assert "python3-apt" in changes[0] and "/etc/cdi/gpunode.json" in changes[1]
+    # The host stage's own python3-apt (with the headers) and the model tools' are said too.
+    assert any("python3-apt" in change for change in plan.plan_host(example.hosts[0], example).host_changes)
+    assert "python3-apt" in plan.plan_host(example.hosts[0], example).model["tools"]
+
+
+def test_the_printed_plan_lists_the_node_changes(gpunode) -> None:
+    human = gpunode("plan", str(EXAMPLE))
+    assert human.returncode == 0, human.stderr
+    text = " ".join(human.stdout.split())
+    assert "Node changes (inside the container)" in text
+    assert f"Debian's {', '.join(plan.NODE_PACKAGES)} installed if missing" in text

@@ -34,7 +34,8 @@ def host_changes(host: Host) -> list[str]:
     changes.append(f"NVIDIA driver {host.driver.version} (open kernel module) installed if missing")
     changes.append(f"every installed kernel: its headers (proxmox-headers-<kernel>) installed and the NVIDIA "
                    f"{host.driver.version} DKMS module built for it (dkms install -k <kernel>), before the reboot "
-                   "that needs it; the recap says whether it is safe to reboot")
+                   "that needs it; the recap says whether it is safe to reboot. With the headers, python3-apt if "
+                   "missing: Ansible's apt module needs it")
     changes.append("pins the newest kernel the module is built for (proxmox-boot-tool kernel pin) when the one that "
                    "boots next cannot get it" if prep.pin_kernel else
                    "never pins a kernel (prepare.pin_kernel): if the module cannot be built for the kernel that boots "
@@ -55,6 +56,31 @@ def host_changes(host: Host) -> list[str]:
     if prep.allow_module_reload:
         changes.append("nvidia_uvm reloaded when its options change")
     changes.append("reboot when needed" if prep.allow_reboot else "never reboots: reports 'reboot needed' instead")
+    return changes
+
+
+# What the node stage installs with apt: roles/node's defaults node_base_packages and node_docker_packages,
+# and debootstrap, which makes the probe image (its tasks/install.yml); tests/unit/test_plan.py holds them equal.
+NODE_PACKAGES = ("ca-certificates", "curl", "gnupg", "python3-apt", "docker.io", "debootstrap")
+NODE_STATE_DIR = "/etc/gpunode"  # roles/node's node_state_dir
+PROBE_IMAGE = "gpunode/probe:bookworm-1"  # roles/node's node_probe_image
+
+
+def node_changes(host: Host) -> list[str]:
+    """What the node stage changes inside the container, said before it acts."""
+    changes = [f"Debian's {', '.join(NODE_PACKAGES)} installed if missing (python3-apt: Ansible's apt module "
+               "needs it; debootstrap makes the probe image), Docker Engine enabled and running"]
+    if host.container.gpu_handoff == "nvidia-runtime":
+        changes.append(f"NVIDIA's user space {host.driver.version} from its .run installer (no kernel module); NVIDIA's "
+                       "apt key and repository, the pinned nvidia-container-toolkit, no-cgroups = true in its "
+                       "config.toml, and the nvidia runtime in /etc/docker/daemon.json (the original kept beside it)")
+    else:
+        changes.append(f"the mounted driver tree on the loader's path (/etc/ld.so.conf.d/gpunode-nvidia.conf) and on "
+                       f"PATH (/etc/profile.d/gpunode-nvidia.sh); {CDI_SPEC_FILE}, the CDI spec Docker hands the "
+                       "GPUs and the driver's files through")
+    changes.append(f"the probe image {PROBE_IMAGE}, made on the node from Debian if missing, and probe containers "
+                   "started from it as the server is: device nodes, then CUDA")
+    changes.append(f"what gpunode expects of this node in {NODE_STATE_DIR}/node.json")
     return changes
 
 
@@ -134,6 +160,7 @@ class HostPlan:
     api: dict[str, Any]
     node: dict[str, Any]
     host_changes: list[str]
+    node_changes: list[str]
     container: dict[str, Any]
     dev_rules: list[dict[str, str]]
     handoff: dict[str, Any]
@@ -182,6 +209,7 @@ def plan_host(host: Host, hostfile: HostFile | None = None) -> HostPlan:
              if host.api.tls.verify else "NOT verified"},
         node={"address": reach.address, "port": reach.port, "user": reach.user},
         host_changes=host_changes(host),
+        node_changes=node_changes(host),
         container=container_config(host.container, host.name),
         dev_rules=[{"key": e.key, "value": e.value, "when": e.when} for e in dev_entries(host.container)],
         handoff=handoff(host),
@@ -232,7 +260,8 @@ def model_section(host: Host, derived: Derived) -> dict[str, Any]:
             "mount": f"{m.mount_source} -> {m.mount_target} (read-only mpN)" if m.mount_source else None,
             "verify": m.verify,
             # What the stage installs there, said before it acts (README "The model").
-            "tools": (f"Debian's python3-venv and python3-packaging, then a venv with the hash-locked huggingface_hub "
+            "tools": (f"Debian's python3-venv and python3-packaging (and python3-apt if missing: Ansible's apt "
+                      f"module needs it), then a venv with the hash-locked huggingface_hub "
                       f"and safetensors in {m.tools_dir}, on the {'Proxmox host' if m.on == 'host' else 'node'}"),
             "recreate": ("--recreate-container keeps them: a bind mount's source is not the container's disk"
                          if m.mount_source else
