@@ -111,12 +111,17 @@ def roll(args: argparse.Namespace) -> dict[str, Any]:
     import gpunode_lab as lab
     from gpunode import derive, hostfile
 
-    routed = derive.derive_router(hostfile.load(FLEET))
+    fleet = hostfile.load(FLEET)
+    routed = derive.derive_router(fleet)
     assert routed is not None
     key = lab.FLEET_API_KEY.read_text().strip()
     with tempfile.TemporaryDirectory() as folder:
         capped = fleet_variant(Path(folder), "capped.yml", {"--max-running-requests": 2})
-        changed = fleet_variant(Path(folder), "changed.yml", {"--max-running-requests": 2, "--enable-metrics": True})
+        # A flag that restarts every server and leaves its capacity alone. Not --enable-metrics: the
+        # profiles turn it on themselves (the monitor stage's metrics), so it changed nothing and no
+        # host rolled, which the pass rule below now catches.
+        changed = fleet_variant(Path(folder), "changed.yml",
+                                {"--max-running-requests": 2, "--enable-metrics-for-all-schedulers": True})
         must(gpunode("provision", str(capped), "--json"), "converging the capped fleet")
         load = Load(routed.url, key, args.concurrency)
         load.start()
@@ -128,13 +133,16 @@ def roll(args: argparse.Namespace) -> dict[str, Any]:
         load.finish()
         summary = json.loads(done.stdout) if done.stdout.strip() else {}
         must(gpunode("provision", str(FLEET), "--json"), "putting the fleet back as fleet.yml says")
+    # A roll that took no host out measured nothing: the change must have restarted each server in turn.
+    rolled = (summary.get("roll") or {}).get("batches") or []
+    every_host_rolled = sorted(name for batch in rolled for name in batch) == sorted(h.name for h in fleet.hosts)
     steady, during = load.rate(steady_start, roll_start), load.rate(roll_start, roll_end)
     ratio = during / steady if steady else 0.0
     return {"concurrency": args.concurrency, "steady_s": args.steady_s, "steady_rps": round(steady, 2),
             "roll_s": round(seconds, 1), "roll_rps": round(during, 2), "ratio": round(ratio, 2),
             "goal": GOALS["roll_ratio"], "requests": len(load.done), "failed": load.failed,
-            "rolled": (summary.get("roll") or {}).get("batches"), "exit_code": done.returncode,
-            "pass": done.returncode == 0 and not load.failed and ratio >= GOALS["roll_ratio"]}
+            "rolled": rolled, "exit_code": done.returncode,
+            "pass": done.returncode == 0 and not load.failed and ratio >= GOALS["roll_ratio"] and every_host_rolled}
 
 
 def check(args: argparse.Namespace) -> dict[str, Any]:
