@@ -194,11 +194,11 @@ def test_the_plan_names_what_the_node_stage_installs_as_the_role_installs_it(exa
     assert apt == "{{ node_base_packages + node_docker_packages + ['debootstrap'] }}", "the apt task changed: update plan"
     assert list(plan.NODE_PACKAGES) == defaults["node_base_packages"] + defaults["node_docker_packages"] + ["debootstrap"]
     assert (plan.NODE_STATE_DIR, plan.PROBE_IMAGE) == (defaults["node_state_dir"], defaults["node_probe_image"])
-    changes = plan.plan_host(example.hosts[0], example).node_changes
-    assert "python3-apt" in changes[0] and "/etc/cdi/gpunode.json" in changes[1]
+    planned = plan.plan_host(example.hosts[0], example)
+    assert "python3-apt" in planned.node_changes[0] and "/etc/cdi/gpunode.json" in planned.node_changes[1]
     # The host stage's own python3-apt (with the headers) and the model tools' are said too.
-    assert any("python3-apt" in change for change in plan.plan_host(example.hosts[0], example).host_changes)
-    assert "python3-apt" in plan.plan_host(example.hosts[0], example).model["tools"]
+    assert any("python3-apt" in change for change in planned.host_changes)
+    assert "python3-apt" in planned.model["tools"]
 
 
 def test_the_printed_plan_lists_the_node_changes(gpunode) -> None:
